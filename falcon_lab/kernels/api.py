@@ -1,0 +1,227 @@
+"""Public API of the Falcon operators: argument checks, varlen packing, state, backend dispatch."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from .prep import VARIANTS, effective_window, prepare
+from .state import FalconState
+
+STEPS = ("nlms", "direct")
+LAM_MODES = ("absolute", "scaled")
+READS = ("after", "before")
+BACKENDS = (None, "torch", "triton")
+
+
+def _err(arg: str, msg: str) -> ValueError:
+    return ValueError(f"{arg}: {msg}")
+
+
+def _check(q, k, v, beta, lam, variant, window, step, lam_mode, shift, read, eps, eps_gamma,
+           initial_state, cu_seqlens, chunk_size, backend):
+    if variant not in VARIANTS:
+        raise _err("variant", f"unknown variant {variant!r}; expected one of {sorted(VARIANTS)}")
+    if step not in STEPS:
+        raise _err("step", f"unknown step {step!r}; expected one of {STEPS}")
+    if lam_mode not in LAM_MODES:
+        raise _err("lam_mode", f"unknown lam_mode {lam_mode!r}; expected one of {LAM_MODES}")
+    if read not in READS:
+        raise _err("read", f"unknown read {read!r}; expected one of {READS}")
+    if not isinstance(shift, bool):
+        raise _err("shift", f"must be a bool, got {shift!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise _err("window", f"must be an int >= 1, got {window!r}")
+    if not (eps >= 0):
+        raise _err("eps", f"must be >= 0, got {eps!r}")
+    if not (0 < eps_gamma <= 1):
+        raise _err("eps_gamma", f"must be in (0, 1], got {eps_gamma!r}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise _err("chunk_size", f"must be a positive int, got {chunk_size!r}")
+    if backend not in BACKENDS:
+        raise _err("backend", f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta), ("lam", lam)):
+        if not isinstance(t, torch.Tensor):
+            raise _err(name, f"must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise _err(name, f"must be a floating-point tensor, got {t.dtype}")
+    if q.dim() != 4:
+        raise _err("q", f"must be [B, T, H, K], got shape {tuple(q.shape)}")
+    if k.shape != q.shape:
+        raise _err("k", f"must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
+    if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise _err("v", f"must be [B, T, H, V] with B, T, H = {tuple(q.shape[:3])}, got {tuple(v.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise _err("k/v", f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    Bsz, T, H, K = q.shape
+    V = v.shape[-1]
+    if T == 0:
+        raise _err("q", "sequence length T must be >= 1")
+    per_column = VARIANTS[variant][1]
+    want = (Bsz, T, H, V) if per_column else (Bsz, T, H)
+    if tuple(beta.shape) != want:
+        kind = "[B, T, H, V] (one gain per value channel)" if per_column else "[B, T, H]"
+        raise _err("beta", f"variant {variant} takes beta of shape {kind} = {want}, got {tuple(beta.shape)}")
+    if tuple(lam.shape) != (Bsz, T, H):
+        raise _err("lam", f"must be [B, T, H] = {(Bsz, T, H)}, got {tuple(lam.shape)}")
+    n_seq = Bsz
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
+            raise _err("cu_seqlens", "must be a 1-D integer (Long) tensor [N+1]")
+        if Bsz != 1:
+            raise _err("cu_seqlens", f"requires the packed batch B == 1, got B = {Bsz}")
+        cs = cu_seqlens.tolist()
+        if len(cs) < 2 or cs[0] != 0 or cs[-1] != T:
+            raise _err("cu_seqlens", f"must start at 0 and end at T = {T}, got {cs[:3]}...{cs[-2:]}")
+        if any(b <= a for a, b in zip(cs[:-1], cs[1:])):
+            raise _err("cu_seqlens", "must be strictly increasing (every sequence has >= 1 token)")
+        n_seq = len(cs) - 1
+    if initial_state is not None:
+        st = initial_state
+        if not isinstance(st, FalconState):
+            raise _err("initial_state", f"must be a FalconState, got {type(st).__name__}")
+        W = effective_window(variant, window)
+        mism = []
+        if st.variant != variant:
+            mism.append(f"variant {st.variant!r} != {variant!r}")
+        if effective_window(st.variant, st.window) != W and st.variant == variant:
+            mism.append(f"window {st.window} != {window}")
+        if st.shift != shift:
+            mism.append(f"shift {st.shift} != {shift}")
+        if st.read != read:
+            mism.append(f"read {st.read!r} != {read!r}")
+        if tuple(st.S.shape) != (n_seq, H, K, V):
+            mism.append(f"S shape {tuple(st.S.shape)} != {(n_seq, H, K, V)}")
+        if mism:
+            raise _err("initial_state", "incompatible with this call: " + "; ".join(mism))
+
+
+def _pick_core(backend, q):
+    if backend is None:
+        backend = "triton" if q.is_cuda else "torch"
+    if backend == "torch":
+        from .chunk_torch import core_chunk
+        return core_chunk
+    try:
+        from .triton import core as triton_core  # noqa: F401
+    except ImportError as e:  # pragma: no cover - depends on the kernel build
+        raise NotImplementedError(f"backend='triton' is not available: {e}") from e
+    return triton_core
+
+
+def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read, eps, eps_gamma,
+            initial_state, output_final_state, cu_seqlens, chunk_size, backend, mode):
+    _check(q, k, v, beta, lam, variant, window, step, lam_mode, shift, read, eps, eps_gamma,
+           initial_state, cu_seqlens, chunk_size, backend)
+    delta, per_column, _ = VARIANTS[variant]
+    W = effective_window(variant, window)
+    valid = None
+    lengths = None
+    if cu_seqlens is not None:  # gather the packed batch into right-padded rows
+        cs = cu_seqlens.to(q.device)
+        lengths = cs[1:] - cs[:-1]
+        n_seq, Tmax = lengths.numel(), int(lengths.max())
+        ar = torch.arange(Tmax, device=q.device)
+        valid = ar[None, :] < lengths[:, None]  # [N, Tmax]
+        gidx = (cs[:-1, None] + ar[None, :]).clamp(max=q.shape[1] - 1)  # [N, Tmax]
+        unpack = lambda t: t[0][gidx] * valid.view(*valid.shape, *([1] * (t.dim() - 2))).to(t.dtype)  # noqa: E731
+        q, k, v, beta, lam = (unpack(t) for t in (q, k, v, beta, lam))
+    Bsz = q.shape[0]
+    cd = torch.float64 if q.dtype == torch.float64 else torch.float32
+    st = initial_state
+    seen = st.seen.to(q.device) if st is not None else torch.zeros(Bsz, dtype=torch.long, device=q.device)
+    inp = prepare(k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
+                  shift=shift, eps=eps, eps_gamma=eps_gamma, seen=seen,
+                  last_k=st.last_k if st is not None else None,
+                  tail_x=st.tail_x if st is not None else None,
+                  tail_v=st.tail_v if st is not None else None, valid=valid)
+    S0 = st.S.to(cd) if st is not None else None
+    if mode == "recurrent":
+        from .reference import core_recurrent
+        o, S = core_recurrent(q, inp.xw, inp.vw, inp.eta, inp.g, S0, delta=delta, window=W,
+                              read_after=(read == "after"))
+    else:
+        core = _pick_core(backend, q)
+        o, S = core(q, inp.xw, inp.vw, inp.eta, inp.g, S0, delta=delta, window=W,
+                    read_after=(read == "after"), chunk_size=chunk_size)
+    final = None
+    if output_final_state:
+        if lengths is None:
+            T = q.shape[1]
+            last_k = k[:, -1]
+            tail_x = inp.xw[:, T:T + W - 1] if W > 1 else None
+            tail_v = inp.vw[:, T:T + W - 1] if W > 1 else None
+            seen_out = seen + T
+        else:
+            rows = torch.arange(lengths.numel(), device=q.device)
+            last_k = k[rows, lengths - 1]
+            if W > 1:
+                tidx = lengths[:, None] + torch.arange(W - 1, device=q.device)[None, :]
+                tail_x, tail_v = inp.xw[rows[:, None], tidx], inp.vw[rows[:, None], tidx]
+            else:
+                tail_x = tail_v = None
+            seen_out = seen + lengths
+        final = FalconState(S=S, last_k=last_k, seen=seen_out, tail_x=tail_x, tail_v=tail_v,
+                            variant=variant, window=window, shift=shift, read=read)
+    if lengths is not None:  # pack back to [1, total, H, V]
+        o = o[valid][None]
+    return o, final
+
+
+def chunk_falcon(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    lam: torch.Tensor,
+    *,
+    variant: str,
+    window: int = 4,
+    step: str = "nlms",
+    lam_mode: str = "absolute",
+    shift: bool = True,
+    read: str = "after",
+    eps: float = 1e-6,
+    eps_gamma: float = 1e-4,
+    initial_state: Optional[FalconState] = None,
+    output_final_state: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    chunk_size: int = 64,
+    backend: Optional[str] = None,
+) -> Tuple[torch.Tensor, Optional[FalconState]]:
+    """Chunk-parallel Falcon scan. Shapes follow fla: q, k [B, T, H, K] (normalised features
+    φ(q), φ(k); k is *not* pre-shifted), v [B, T, H, V], beta [B, T, H] ([B, T, H, V] for variants
+    2 and 2A), lam [B, T, H]. Returns o [B, T, H, V] in the input dtype and, when asked, the
+    FalconState that continues the scan exactly. See README "Operators" for every knob."""
+    return _falcon(q, k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
+                   shift=shift, read=read, eps=eps, eps_gamma=eps_gamma, initial_state=initial_state,
+                   output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                   chunk_size=chunk_size, backend=backend, mode="chunk")
+
+
+def recurrent_falcon(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    lam: torch.Tensor,
+    *,
+    variant: str,
+    window: int = 4,
+    step: str = "nlms",
+    lam_mode: str = "absolute",
+    shift: bool = True,
+    read: str = "after",
+    eps: float = 1e-6,
+    eps_gamma: float = 1e-4,
+    initial_state: Optional[FalconState] = None,
+    output_final_state: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, Optional[FalconState]]:
+    """Token-by-token Falcon scan: the float64 reference (pass float64 inputs), and with T = 1 and
+    a state, the decoding step. Same arguments and results as chunk_falcon."""
+    return _falcon(q, k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
+                   shift=shift, read=read, eps=eps, eps_gamma=eps_gamma, initial_state=initial_state,
+                   output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=1,
+                   backend="torch", mode="recurrent")

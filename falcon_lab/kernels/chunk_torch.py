@@ -1,0 +1,153 @@
+"""Chunked PyTorch forms of the core (kernel-contract.md), stable-exponent (falcon-math.md §6).
+
+Every exponent is a difference u_i - u_s of local log-decay prefixes with s <= i, so it is <= 0; no
+value is ever divided by a decay prefix (the paper's renormalised form overflows fp32 under strong
+decay). Everything that does not depend on the carried state is computed for all chunks at once;
+the only Python loop is the inter-chunk state pass (phase 2). Differentiable by autograd.
+
+Per chunk, with u the inclusive log-decay prefix, u⁻ the exclusive one, u^r = u (read after) or u⁻
+(read before), and pseudo-tokens (i, m) = the m-th pair of step i's window (W = 1: one per step):
+
+    (I + L) R = V_p - diag(e^{u⁻}) X_p S_in,   L_{(i,m),(s,m')} = [s < i] e^{u⁻_i - u_s} η_s x_{i,m}·x_{s,m'}
+    O = diag(e^{u^r}) Q S_in + ((Q X_pᵀ) ⊙ [s ≤ i or s < i] e^{u^r_i - u_s} η_s) R
+    S_out = e^{u_C} S_in + X_pᵀ ((e^{u_C - u_s} η_s) ⊙ R)
+
+(regression / "delta"; the inner-product forms are the same with R = V_p, and use a banded window
+matrix instead of pseudo-tokens). For Falcon-3 the time chunk is chunk_size // W so that the
+block-triangular system stays chunk_size pseudo-tokens wide (falcon-math.md §6.6, trick 4: ours).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+def _masked_exp(diff: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return diff.masked_fill(~mask, float("-inf")).exp()
+
+
+def _rep(t: torch.Tensor, W: int, dim: int) -> torch.Tensor:
+    return t if W == 1 else t.repeat_interleave(W, dim=dim)
+
+
+def core_chunk(
+    q: torch.Tensor,
+    xw: torch.Tensor,
+    vw: torch.Tensor,
+    eta: torch.Tensor,
+    g: torch.Tensor,
+    S0: Optional[torch.Tensor],
+    *,
+    delta: bool,
+    window: int,
+    read_after: bool,
+    chunk_size: int = 64,
+):
+    cd = eta.dtype
+    Bsz, T, H, K = q.shape
+    V = vw.shape[-1]
+    W = window
+    per_col = eta.dim() == 4
+    if per_col and W != 1:
+        raise NotImplementedError("per-column gates with a window > 1 are not a Falcon variant")
+    C = max(1, chunk_size // W) if (delta and W > 1) else chunk_size
+    N = math.ceil(T / C)
+    pad = N * C - T
+
+    # [B, H, T, *] layout in the compute dtype, time padded to N*C (padded steps: η = 0, log γ = 0).
+    qh = F.pad(q.to(cd).transpose(1, 2), (0, 0, 0, pad))
+    xh = F.pad(xw.to(cd).transpose(1, 2), (0, 0, 0, pad))
+    vh = F.pad(vw.to(cd).transpose(1, 2), (0, 0, 0, pad))
+    if per_col:
+        eh = F.pad(eta.transpose(1, 2), (0, 0, 0, pad))
+        gh = F.pad(g.transpose(1, 2), (0, 0, 0, pad))
+    else:
+        eh = F.pad(eta.transpose(1, 2), (0, pad))
+        gh = F.pad(g.transpose(1, 2), (0, pad))
+    S = S0.to(cd) if S0 is not None else q.new_zeros(Bsz, H, K, V, dtype=cd)
+
+    P = C + W - 1  # pairs touched by one chunk of steps
+    qc = qh.reshape(Bsz, H, N, C, K)
+    if W == 1:
+        xs, vs = xh.reshape(Bsz, H, N, C, K), vh.reshape(Bsz, H, N, C, V)
+    else:
+        xs = xh.unfold(2, P, C).transpose(-1, -2)  # [B, H, N, P, K]
+        vs = vh.unfold(2, P, C).transpose(-1, -2)
+    ec = eh.reshape(Bsz, H, N, C, *eh.shape[3:])
+    gc = gh.reshape(Bsz, H, N, C, *gh.shape[3:])
+    u = gc.cumsum(3)
+    u_prev = torch.cat([torch.zeros_like(u[:, :, :, :1]), u[:, :, :, :-1]], dim=3)
+    u_read = u if read_after else u_prev
+    idx = torch.arange(C, device=q.device)
+    m_read = idx[:, None] >= idx[None, :] if read_after else idx[:, None] > idx[None, :]
+    m_strict = idx[:, None] > idx[None, :]
+
+    if per_col:
+        o, S = _per_column(qc, xs, vs, ec, u, u_prev, u_read, m_read, m_strict, S, delta)
+    else:
+        # decay-and-step matrix of the read-out: Dr[i, s] = [s ≤ i] e^{u^r_i - u_s} η_s
+        Dr = _masked_exp(u_read[..., :, None] - u[..., None, :], m_read) * ec[..., None, :]
+        u_last = u[..., -1]  # [B, H, N]
+        w_end = (u_last[..., None] - u).exp() * ec  # weight of step s in S_out
+        decay_q = u_read.exp()[..., None] * qc
+        outs = []
+        if not delta:
+            s_idx = torch.arange(C, device=q.device)[:, None]
+            j_idx = torch.arange(P, device=q.device)[None, :]
+            band = ((j_idx >= s_idx) & (j_idx <= s_idx + W - 1)).to(cd)  # [C, P]: pairs of step s
+            M = Dr @ band
+            o_intra = ((qc @ xs.transpose(-1, -2)) * M) @ vs
+            kv = xs.transpose(-1, -2) @ ((w_end @ band)[..., None] * vs)  # [B, H, N, K, V]
+            for n in range(N):
+                outs.append(o_intra[:, :, n] + decay_q[:, :, n] @ S)
+                S = u_last[:, :, n, None, None].exp() * S + kv[:, :, n]
+        else:
+            if W == 1:
+                Xp, Vp = xs, vs
+            else:  # pseudo-tokens (i, m) -> pair i + m, row-major: blocks of W rows per step
+                Xp = xs.unfold(3, W, 1).permute(0, 1, 2, 3, 5, 4).reshape(Bsz, H, N, C * W, K)
+                Vp = vs.unfold(3, W, 1).permute(0, 1, 2, 3, 5, 4).reshape(Bsz, H, N, C * W, V)
+            Ds = _masked_exp(u_prev[..., :, None] - u[..., None, :], m_strict) * ec[..., None, :]
+            L = (Xp @ Xp.transpose(-1, -2)) * _rep(_rep(Ds, W, -1), W, -2)
+            rhs = torch.cat([Vp, _rep(u_prev.exp(), W, -1)[..., None] * Xp], dim=-1)
+            sol = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
+            Um, Wm = sol[..., :V], sol[..., V:]
+            Pm = (qc @ Xp.transpose(-1, -2)) * _rep(Dr, W, -1)  # [B, H, N, C, CW]
+            Xw_end = Xp * _rep(w_end, W, -1)[..., None]
+            for n in range(N):
+                R = Um[:, :, n] - Wm[:, :, n] @ S
+                outs.append(decay_q[:, :, n] @ S + Pm[:, :, n] @ R)
+                S = u_last[:, :, n, None, None].exp() * S + Xw_end[:, :, n].transpose(-1, -2) @ R
+        o = torch.stack(outs, dim=2)  # [B, H, N, C, V]
+    o = o.reshape(Bsz, H, N * C, V)[:, :, :T].transpose(1, 2)
+    return o.to(q.dtype), S
+
+
+def _per_column(qc, xs, vs, ec, u, u_prev, u_read, m_read, m_strict, S, delta):
+    """Falcon-2 / 2A: one decay and step per value column; the C x C systems cannot share an
+    inverse (falcon-math.md §6.5), so each chunk solves V unit-triangular systems."""
+    N = qc.shape[2]
+    outs = []
+    for n in range(N):
+        qn, xn, vn, en = qc[:, :, n], xs[:, :, n], vs[:, :, n], ec[:, :, n]  # [B,H,C,*]
+        un, upn, urn = u[:, :, n], u_prev[:, :, n], u_read[:, :, n]  # [B,H,C,V]
+        if delta:
+            G = xn @ xn.transpose(-1, -2)  # [B,H,C,C]
+            Ds = _masked_exp(upn[:, :, :, None, :] - un[:, :, None, :, :], m_strict[..., None])
+            Lc = (G[..., None] * Ds * en[:, :, None, :, :]).permute(0, 1, 4, 2, 3)  # [B,H,V,C,C]
+            rhs = (vn - upn.exp() * (xn @ S)).transpose(-1, -2)[..., None]  # [B,H,V,C,1]
+            R = torch.linalg.solve_triangular(Lc, rhs, upper=False, unitriangular=True)
+            R = R[..., 0].transpose(-1, -2)  # [B,H,C,V]
+        else:
+            R = vn
+        Dr = _masked_exp(urn[:, :, :, None, :] - un[:, :, None, :, :], m_read[..., None])
+        A = qn @ xn.transpose(-1, -2)
+        o_n = urn.exp() * (qn @ S) + torch.einsum("bhis,bhisv,bhsv->bhiv", A, Dr, en * R)
+        w_end = (un[:, :, -1:, :] - un).exp() * en
+        S = un[:, :, -1, None, :].exp() * S + xn.transpose(-1, -2) @ (w_end * R)
+        outs.append(o_n)
+    return torch.stack(outs, dim=2), S

@@ -1,0 +1,119 @@
+"""The shared pre-step of every backend: pairs, window statistic, NLMS step, decay (kernel-contract.md).
+
+Plain differentiable PyTorch: the chain rules of the shift, the NLMS division, the clamp and the
+window spectral norm μ_t (through `eigvalsh`) are autograd's. Notation follows falcon-math.md §4:
+position t (1-based) writes the pair (x_t, y_t) = (φ(k_{t-1}), v_t) (shift) or (φ(k_t), v_t).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+# variant -> (delta: regression objective, per_column: gains per value channel, windowed)
+VARIANTS = {
+    "1": (True, False, False),
+    "2": (True, True, False),
+    "3": (True, False, True),
+    "1A": (False, False, False),
+    "2A": (False, True, False),
+    "3A": (False, False, True),
+}
+
+
+@dataclass
+class CoreInputs:
+    xw: torch.Tensor  # [B, T+W-1, H, K] pair keys (first W-1 rows: carried tail)
+    vw: torch.Tensor  # [B, T+W-1, H, V] pair values
+    eta: torch.Tensor  # [B, T, H] or [B, T, H, V]: step (already / B_t for windows), 0 where no pair
+    g: torch.Tensor  # same shape: log γ_t <= 0
+    stat: torch.Tensor  # [B, T, H]: E_t, μ_t or Ē_t (diagnostics)
+
+
+def effective_window(variant: str, window: int) -> int:
+    return window if VARIANTS[variant][2] else 1
+
+
+def prepare(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    lam: torch.Tensor,
+    *,
+    variant: str,
+    window: int,
+    step: str,
+    lam_mode: str,
+    shift: bool,
+    eps: float,
+    eps_gamma: float,
+    seen: torch.Tensor,  # [B] int64 tokens already consumed by each row
+    last_k: Optional[torch.Tensor] = None,  # [B, H, K]
+    tail_x: Optional[torch.Tensor] = None,  # [B, W-1, H, K]
+    tail_v: Optional[torch.Tensor] = None,  # [B, W-1, H, V]
+    valid: Optional[torch.Tensor] = None,  # [B, T] bool: False on right padding (varlen)
+) -> CoreInputs:
+    delta, per_column, windowed = VARIANTS[variant]
+    W = effective_window(variant, window)
+    Bsz, T, H, K = k.shape
+    V = v.shape[-1]
+    cd = torch.float64 if k.dtype == torch.float64 else torch.float32
+
+    # ---- the pair stream ------------------------------------------------------------------
+    pos = seen.to(k.device)[:, None] + torch.arange(1, T + 1, device=k.device)  # global 1-based
+    if shift:
+        prev = last_k if last_k is not None else k.new_zeros(Bsz, H, K)
+        x = torch.cat([prev[:, None].to(k.dtype), k[:, :-1]], dim=1)
+        n_pairs = pos - 1  # pairs written up to and including t
+    else:
+        x = k
+        n_pairs = pos
+    has_pair = n_pairs > 0  # [B, T]
+    x = x * has_pair[..., None, None].to(x.dtype)  # the x_1 = 0 sentinel, in feature space
+    if W > 1:
+        tx = tail_x if tail_x is not None else k.new_zeros(Bsz, W - 1, H, K)
+        tv = tail_v if tail_v is not None else v.new_zeros(Bsz, W - 1, H, V)
+        xw = torch.cat([tx.to(k.dtype), x], dim=1)
+        vw = torch.cat([tv.to(v.dtype), v], dim=1)
+    else:
+        xw, vw = x, v
+    count = n_pairs.clamp(min=0, max=W).to(cd)  # B_t: pairs in the window at t
+
+    # ---- the statistic E_t / μ_t / Ē_t ------------------------------------------------------
+    xc = xw.to(cd)
+    if not windowed:
+        stat = (xc[:, W - 1:] ** 2).sum(-1)  # E_t = ||x_t||²   [B, T, H]
+    else:
+        win = xc.unfold(1, W, 1)  # [B, T, H, K, W]: pairs t..t+W-1 of the extended stream
+        if variant == "3A":
+            stat = (win ** 2).sum((-2, -1)) / count.clamp(min=1)[..., None]  # Ē_t
+        else:  # "3": top eigenvalue of the W x W window Gram (zero rows add zero eigenvalues)
+            gram = win.transpose(-1, -2) @ win  # [B, T, H, W, W]
+            stat = torch.linalg.eigvalsh(gram)[..., -1] / count.clamp(min=1)[..., None]  # μ_t
+
+    # ---- λ_t, η_t, γ_t ----------------------------------------------------------------------
+    lam_c = lam.to(cd)
+    if lam_mode == "scaled":
+        lam_t = lam_c * (stat.detach() if windowed else stat)
+    else:
+        lam_t = lam_c
+    beta_c = beta.to(cd)
+    if step == "nlms":
+        den = stat + lam_t + eps
+        if per_column:
+            den = den[..., None]
+        ok = den > 0
+        eta = torch.where(ok, beta_c / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(den))
+    else:
+        eta = beta_c
+    keep = has_pair if valid is None else has_pair & valid
+    keep = keep[..., None] if not per_column else keep[..., None, None]
+    eta = torch.where(keep, eta, torch.zeros_like(eta))
+    lam_b = lam_t[..., None] if per_column else lam_t
+    alpha = torch.clamp(eta * lam_b, max=1.0 - eps_gamma)
+    g = torch.log1p(-alpha)
+    if windowed:
+        eta = eta / count.clamp(min=1)[..., None]
+    return CoreInputs(xw=xw, vw=vw, eta=eta, g=g, stat=stat)

@@ -1,0 +1,49 @@
+"""The step-by-step core: the float64 truth every other backend is tested against.
+
+One loop over time, exactly the recurrence of kernel-contract.md (falcon-math.md §4): for each t the
+right-hand side uses the pre-update state S_{t-1} for every residual in the window (Jacobi).
+With T = 1 and a carried state it is also the decoding step.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def core_recurrent(
+    q: torch.Tensor,  # [B, T, H, K]
+    xw: torch.Tensor,  # [B, T+W-1, H, K]
+    vw: torch.Tensor,  # [B, T+W-1, H, V]
+    eta: torch.Tensor,  # [B, T, H] or [B, T, H, V]
+    g: torch.Tensor,  # like eta
+    S0: Optional[torch.Tensor],  # [B, H, K, V]
+    *,
+    delta: bool,
+    window: int,
+    read_after: bool,
+):
+    cd = eta.dtype
+    Bsz, T, H, K = q.shape
+    V = vw.shape[-1]
+    W = window
+    per_col = eta.dim() == 4
+    S = S0.to(cd) if S0 is not None else q.new_zeros(Bsz, H, K, V, dtype=cd)
+    qc, xc, vc = q.to(cd), xw.to(cd), vw.to(cd)
+    outs = []
+    for t in range(T):
+        xs, vs = xc[:, t:t + W], vc[:, t:t + W]  # [B, W, H, *]: the window's pairs
+        if delta:
+            r = vs - torch.einsum("bwhk,bhkv->bwhv", xs, S)  # residuals at S_{t-1}
+        else:
+            r = vs
+        upd = torch.einsum("bwhk,bwhv->bhkv", xs, r)
+        if per_col:
+            S_new = S * g[:, t].exp()[:, :, None, :] + upd * eta[:, t][:, :, None, :]
+        else:
+            S_new = S * g[:, t].exp()[..., None, None] + upd * eta[:, t][..., None, None]
+        outs.append(torch.einsum("bhk,bhkv->bhv", qc[:, t], S_new if read_after else S))
+        S = S_new
+    o = torch.stack(outs, dim=1) if outs else q.new_zeros(Bsz, 0, H, V, dtype=cd)
+    return o.to(q.dtype), S
