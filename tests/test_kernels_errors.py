@@ -1,0 +1,66 @@
+"""Bad input gets a clear error naming the argument."""
+
+import pytest
+import torch
+
+from falcon_inputs import make_inputs
+from falcon_lab.kernels import chunk_falcon, recurrent_falcon
+
+
+@pytest.fixture
+def x():
+    return make_inputs("1", T=8)
+
+
+@pytest.mark.parametrize("fn", [chunk_falcon, recurrent_falcon])
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(variant="4"), "variant: unknown variant '4'"),
+    (dict(variant="1", step="sgd"), "step: unknown step"),
+    (dict(variant="1", lam_mode="relative"), "lam_mode: unknown"),
+    (dict(variant="1", read="during"), "read: unknown"),
+    (dict(variant="1", window=0), "window: must be an int >= 1"),
+    (dict(variant="3", window=1.5), "window: must be an int"),
+    (dict(variant="1", eps=-1e-3), "eps: must be >= 0"),
+    (dict(variant="1", eps_gamma=0.0), "eps_gamma"),
+    (dict(variant="1", shift="yes"), "shift: must be a bool"),
+])
+def test_bad_knobs(fn, x, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fn(*x, **kwargs)
+
+
+def test_bad_shapes(x):
+    q, k, v, beta, lam = x
+    with pytest.raises(ValueError, match=r"q: must be \[B, T, H, K\]"):
+        chunk_falcon(q[0], k, v, beta, lam, variant="1")
+    with pytest.raises(ValueError, match="k: must have q's shape"):
+        chunk_falcon(q, k[..., :3], v, beta, lam, variant="1")
+    with pytest.raises(ValueError, match="v: must be"):
+        chunk_falcon(q, k, v[:, :4], beta, lam, variant="1")
+    with pytest.raises(ValueError, match=r"beta: variant 2 takes beta of shape \[B, T, H, V\]"):
+        chunk_falcon(q, k, v, beta, lam, variant="2")
+    with pytest.raises(ValueError, match=r"beta: variant 1 takes beta of shape \[B, T, H\]"):
+        chunk_falcon(q, k, v, beta[..., None].expand(2, 8, 2, 4), lam, variant="1")
+    with pytest.raises(ValueError, match="lam: must be"):
+        chunk_falcon(q, k, v, beta, lam[..., None], variant="1")
+    with pytest.raises(ValueError, match="k/v: q, k and v must share a dtype"):
+        chunk_falcon(q, k.float(), v, beta, lam, variant="1")
+    with pytest.raises(ValueError, match="beta: must be a floating-point"):
+        chunk_falcon(q, k, v, beta.long(), lam, variant="1")
+    with pytest.raises(ValueError, match="chunk_size"):
+        chunk_falcon(q, k, v, beta, lam, variant="1", chunk_size=0)
+    with pytest.raises(ValueError, match="backend: unknown backend"):
+        chunk_falcon(q, k, v, beta, lam, variant="1", backend="cuda")
+
+
+def test_bad_cu_seqlens(x):
+    q, k, v, beta, lam = x
+    with pytest.raises(ValueError, match="cu_seqlens: requires the packed batch B == 1"):
+        chunk_falcon(q, k, v, beta, lam, variant="1", cu_seqlens=torch.tensor([0, 8]))
+    q1, k1, v1, b1, l1 = (t[:1] for t in x)
+    with pytest.raises(ValueError, match="cu_seqlens: must be strictly increasing"):
+        chunk_falcon(q1, k1, v1, b1, l1, variant="1", cu_seqlens=torch.tensor([0, 5, 5, 8]))
+    with pytest.raises(ValueError, match="cu_seqlens: must start at 0 and end at T"):
+        chunk_falcon(q1, k1, v1, b1, l1, variant="1", cu_seqlens=torch.tensor([0, 5, 7]))
+    with pytest.raises(ValueError, match="cu_seqlens: must be a 1-D integer"):
+        chunk_falcon(q1, k1, v1, b1, l1, variant="1", cu_seqlens=torch.tensor([0.0, 8.0]))
