@@ -1,0 +1,85 @@
+"""Softmax attention (the Transformer baseline): RoPE + SDPA (causal; flash on GPU), KV cache decoding."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from falcon_lab.models.mixers.base import Mixer, flatten_for_varlen, positions_in_sequence
+from falcon_lab.models.mixers.registry import register_mixer
+
+
+def rope_cos_sin(pos: torch.Tensor, dim: int, theta: float):
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim))
+    ang = pos.float()[:, None] * inv[None, :]  # [T, dim/2]
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x [B, T, H, D] (rotate-half convention), cos/sin [T, D/2]."""
+    d = x.shape[-1] // 2
+    x1, x2 = x[..., :d].float(), x[..., d:].float()
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).to(x.dtype)
+
+
+@register_mixer("attention")
+class Attention(Mixer):
+    def __init__(self, d_model: int, n_heads: int, head_dim: int, *, rope_theta: float = 10000.0,
+                 qk_norm: bool = False):
+        super().__init__()
+        self.H, self.dh, self.theta = n_heads, head_dim, float(rope_theta)
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
+        self.qk_norm = qk_norm
+        self.backend_used = "sdpa"
+
+    def init_state(self, batch_size, device=None):
+        return {"k": None, "v": None, "pos": 0}
+
+    def forward(self, x, cu_seqlens=None, state=None, return_state=False, decode=False):
+        B0, T0, D = x.shape
+        h = flatten_for_varlen(x, cu_seqlens)
+        B, T, _ = h.shape
+        q = self.q_proj(h).view(B, T, self.H, self.dh)
+        k = self.k_proj(h).view(B, T, self.H, self.dh)
+        v = self.v_proj(h).view(B, T, self.H, self.dh)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (self.dh,)), F.rms_norm(k, (self.dh,))
+        start = state["pos"] if state is not None else 0
+        if cu_seqlens is not None:
+            pos = positions_in_sequence(cu_seqlens, T, h.device)
+        else:
+            pos = torch.arange(start, start + T, device=h.device)
+        cos, sin = rope_cos_sin(pos, self.dh, self.theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, dh]
+        new_state = None
+        if state is not None and state["k"] is not None:
+            k = torch.cat([state["k"], k], dim=2)
+            v = torch.cat([state["v"], v], dim=2)
+        if return_state:
+            new_state = {"k": k, "v": v, "pos": start + T}
+        if cu_seqlens is not None:
+            seq = torch.searchsorted(cu_seqlens[:-1].to(h.device), torch.arange(T, device=h.device), right=True)
+            mask = (seq[:, None] == seq[None, :]) & torch.ones(T, T, dtype=torch.bool, device=h.device).tril()
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        elif k.shape[2] == T:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # decoding / continuation: queries are the last T of the keys
+            S = k.shape[2]
+            mask = torch.ones(T, S, dtype=torch.bool, device=h.device).tril(diagonal=S - T)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        o = o.transpose(1, 2).reshape(B, T, self.H * self.dh)
+        return self.o_proj(o).view(B0, T0, D), new_state
+
+    def state_numel(self, batch_size, seq_len):
+        return 2 * batch_size * seq_len * self.H * self.dh
+
+    def flops_per_token(self, seq_len):
+        D = self.q_proj.in_features
+        HD = self.H * self.dh
+        # projections + QK^T and AV over on average seq_len/2 causal keys
+        return float(2 * D * 3 * HD + 2 * HD * D + 2 * 2 * HD * seq_len / 2)

@@ -1,0 +1,97 @@
+"""Mixer interface and shared pieces (short causal convolution, RMSNorm, feature norms)."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Mixer(nn.Module):
+    """A token mixer: [B, T, D] -> [B, T, D].
+
+    forward(x, cu_seqlens=None, state=None, return_state=False) -> (y, new_state | None)
+      cu_seqlens (LongTensor [N+1] over the flattened B*T tokens) resets at sequence starts.
+    init_state(batch_size, device) -> state for `step` (recurrent state, or an empty KV cache)
+    step(x [B, D], state) -> (y [B, D], state)
+    state_numel(batch_size, seq_len) -> elements of recurrent state / KV cache after seq_len tokens
+    flops_per_token(seq_len) -> analytic forward FLOPs per token (2 per multiply-add)
+    """
+
+    backend_used: str = "torch"
+
+    def init_state(self, batch_size: int, device=None):
+        return None
+
+    def step(self, x: torch.Tensor, state):
+        y, state = self.forward(x[:, None], state=state, return_state=True, decode=True)
+        return y[:, 0], state
+
+    def state_numel(self, batch_size: int, seq_len: int) -> int:
+        raise NotImplementedError
+
+    def flops_per_token(self, seq_len: int) -> float:
+        raise NotImplementedError
+
+
+def positions_in_sequence(cu_seqlens: torch.Tensor, total: int, device) -> torch.Tensor:
+    """[total] position of each flattened token inside its sequence (0 at each start)."""
+    idx = torch.arange(total, device=device)
+    starts = cu_seqlens[:-1].to(device)
+    seq = torch.searchsorted(starts, idx, right=True) - 1
+    return idx - starts[seq]
+
+
+def flatten_for_varlen(x: torch.Tensor, cu_seqlens):
+    """[B, T, ...] with cu_seqlens over B*T -> [1, B*T, ...] (no-op without cu_seqlens)."""
+    if cu_seqlens is None:
+        return x
+    return x.reshape(1, x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+class ShortConv(nn.Module):
+    """Depthwise causal convolution (kernel `size`, no bias) + SiLU, with a decode cache.
+
+    Ours: kernel 4 + SiLU (fla's ShortConvolution default; the paper gives neither)."""
+
+    def __init__(self, channels: int, size: int = 4, activation: bool = True):
+        super().__init__()
+        self.size, self.activation = size, activation
+        self.weight = nn.Parameter(torch.empty(channels, size))
+        nn.init.uniform_(self.weight, -1.0 / size ** 0.5, 1.0 / size ** 0.5)
+
+    def forward(self, x, cache=None, pos=None):
+        """x [B, T, C]; cache [B, size-1, C] (previous inputs) or None; pos [T] positions in
+        sequence for varlen masking (B must be 1). Returns y [B, T, C], new cache."""
+        B, T, C = x.shape
+        K = self.size
+        prev = cache if cache is not None else x.new_zeros(B, K - 1, C)
+        xp = torch.cat([prev.to(x.dtype), x], dim=1)  # [B, T+K-1, C]
+        y = x * self.weight[:, K - 1]
+        for j in range(1, K):
+            term = xp[:, K - 1 - j: K - 1 - j + T] * self.weight[:, K - 1 - j]
+            if pos is not None:
+                term = term * (pos >= j).to(x.dtype)[None, :, None]
+            y = y + term
+        new_cache = xp[:, -(K - 1):] if K > 1 else prev
+        return (F.silu(y) if self.activation else y), new_cache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6, gain: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if gain else None
+
+    def forward(self, x):
+        y = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype)
+        return y * self.weight if self.weight is not None else y
+
+
+def l2_normalize(u: torch.Tensor, eps: float) -> torch.Tensor:
+    """u / sqrt(||u||² + eps) (ours: eps placement)."""
+    return u * torch.rsqrt(u.float().pow(2).sum(-1, keepdim=True) + eps).to(u.dtype)
+
+
+def rms_normalize(u: torch.Tensor, eps: float) -> torch.Tensor:
+    """u / sqrt(||u||²/d + eps)  ->  ||u||² ≈ d."""
+    return u * torch.rsqrt(u.float().pow(2).mean(-1, keepdim=True) + eps).to(u.dtype)

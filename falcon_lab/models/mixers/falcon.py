@@ -1,0 +1,244 @@
+"""The Falcon mixer: all six state-update rules on `falcon_lab.kernels.chunk_falcon`.
+
+Everything the paper leaves open is ours (falcon-math.md §3, docs/training.md "Knobs"):
+- short causal depthwise conv (kernel 4) + SiLU on the q/k/v projections;
+- QK normalisation per head: `rmsnorm` (u/sqrt(mean u² + eps_rms), ||x||² ≈ d_k) or `l2`
+  (u/sqrt(||u||² + eps_rms)), optional learnable gain (`qk_norm_gain`);
+- gate heads from the current token's hidden state, Linear(d_model -> H) with bias
+  (-> H·d_v for variants 2/2A):
+    ctx_beta: β = beta_max·σ(z), step "nlms" (η = β / (E + λ + ε) inside the operator);
+    ctx_eta:  η = (eta_max / E_nom)·σ(z), step "direct", E_nom = d_k for rmsnorm keys, 1 for l2;
+- λ: ctx (scaled: λ̄ = lam_scale·σ(z), λ = λ̄·E in the operator; absolute: λ = softplus(z)),
+  const (lam_value, scaled or absolute), off (λ = 0);
+- per-head output RMSNorm (learnable gain) and an output gate SiLU(W_g h) (the paper's 130M vs 124M
+  parameter gap suggests one extra d×d matrix per layer).
+
+Gate ranges (ours) keep the decay clamp inactive in the presets: without a learnable QK gain,
+||x||² ≤ d_k (rmsnorm) or ≤ 1 (l2), so with scaled λ, lam_scale ≤ 1 and eta_max ≤ 1,
+α = ηλ ≤ σ_η·λ̄ < 1 for ctx_eta; for ctx_beta, α = β λ̄/(1+λ̄) < 1 when beta_max ≤ 2 (§3.4).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from falcon_lab.kernels import chunk_falcon, recurrent_falcon
+from falcon_lab.models.mixers.base import (
+    Mixer,
+    RMSNorm,
+    ShortConv,
+    flatten_for_varlen,
+    l2_normalize,
+    positions_in_sequence,
+    rms_normalize,
+)
+from falcon_lab.models.mixers.registry import register_mixer
+
+VARIANTS = ("1", "2", "3", "1A", "2A", "3A")
+PRESETS = {
+    ".1": {"qk_norm": "l2", "gate": "ctx_beta", "lam": "ctx"},
+    ".2": {"qk_norm": "l2", "gate": "ctx_eta", "lam": "ctx"},
+    ".3": {"qk_norm": "rmsnorm", "gate": "ctx_eta", "lam": "ctx"},
+}
+QK_NORMS = ("rmsnorm", "l2")
+GATES = ("ctx_beta", "ctx_eta")
+LAMS = ("ctx", "const", "off")
+LAM_MODES = ("scaled", "absolute")
+READS = ("after", "before")
+DEFAULT_WINDOW = 4  # ours: the paper's "e.g., B = 4"
+
+
+def resolve_falcon_knobs(variant, preset, qk_norm, gate, lam, window):
+    """Apply the preset to knobs left None; check values. Returns (qk_norm, gate, lam, window)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"mixer.variant: unknown Falcon variant {variant!r}; choose one of {VARIANTS}")
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"mixer.preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)} or null")
+    p = PRESETS.get(preset, {})
+    qk_norm = qk_norm if qk_norm is not None else p.get("qk_norm", "rmsnorm")
+    gate = gate if gate is not None else p.get("gate", "ctx_eta")
+    lam = lam if lam is not None else p.get("lam", "ctx")
+    for key, val, allowed in (("qk_norm", qk_norm, QK_NORMS), ("gate", gate, GATES), ("lam", lam, LAMS)):
+        if val not in allowed:
+            raise ValueError(f"mixer.{key}: {val!r} is not one of {allowed}")
+    if variant in ("3", "3A"):
+        window = DEFAULT_WINDOW if window is None else window
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"mixer.window: must be an integer >= 1, got {window!r}")
+    elif window is not None:
+        raise ValueError(f"mixer.window: applies only to the sliding-window variants 3 and 3A, "
+                         f"not variant {variant!r} (leave it null)")
+    return qk_norm, gate, lam, window
+
+
+def operator_flops_per_token_head(variant: str, dk: int, dv: int, chunk: int, window: int) -> float:
+    """Forward FLOPs per token per head of the chunked operator (falcon-math.md §7)."""
+    C, d, e, B = chunk, dk, dv, window
+    if variant == "1A":
+        return 2 * C * (d + e) + 4 * d * e
+    if variant == "2A":
+        return 2 * C * (d + e) + 4 * d * e + C * e
+    if variant == "3A":
+        return 2 * (C + B) * (d + e) + 4 * d * e * (1 + B / (2 * C)) + C * B
+    if variant == "1":
+        return 4 * C * d + 3 * C * e + 6 * d * e
+    if variant == "2":
+        return 4 * C * d + 3.5 * C * e + 6 * d * e
+    if variant == "3":
+        return 4 * (C + B) * d + (B * B * C + 2 * B * C) * e + 6 * d * e
+    raise ValueError(variant)
+
+
+@register_mixer("falcon")
+class FalconMixer(Mixer):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        head_dim: int,
+        *,
+        variant: str = "1A",
+        preset: str | None = ".3",
+        qk_norm: str | None = None,
+        qk_norm_gain: bool = False,
+        gate: str | None = None,
+        lam: str | None = None,
+        lam_mode: str = "scaled",
+        lam_scale: float = 1.0,
+        lam_value: float = 0.1,
+        lam_init_bias: float = -2.0,
+        window: int | None = None,
+        shift: bool = True,
+        read: str = "after",
+        eps: float = 1e-6,
+        eps_gamma: float = 1e-4,
+        eps_rms: float = 1e-6,
+        beta_max: float = 2.0,
+        eta_max: float = 1.0,
+        conv_size: int = 4,
+        output_norm: bool = True,
+        output_gate: bool = True,
+        backend: str | None = None,
+        chunk_size: int = 64,
+    ):
+        super().__init__()
+        self.qk_norm, self.gate, self.lam, self.window = resolve_falcon_knobs(
+            variant, preset, qk_norm, gate, lam, window)
+        if lam_mode not in LAM_MODES:
+            raise ValueError(f"mixer.lam_mode: {lam_mode!r} is not one of {LAM_MODES}")
+        if read not in READS:
+            raise ValueError(f"mixer.read: {read!r} is not one of {READS}")
+        if conv_size < 1:
+            raise ValueError(f"mixer.conv_size: must be >= 1, got {conv_size}")
+        self.variant, self.preset = variant, preset
+        self.H, self.dk, self.dv = n_heads, head_dim, head_dim
+        self.lam_mode = lam_mode if self.lam != "off" else "absolute"
+        self.lam_scale, self.lam_value = float(lam_scale), float(lam_value)
+        self.shift, self.read = bool(shift), read
+        self.eps, self.eps_gamma, self.eps_rms = float(eps), float(eps_gamma), float(eps_rms)
+        self.beta_max, self.eta_max = float(beta_max), float(eta_max)
+        self.backend, self.chunk_size = backend, int(chunk_size)
+        self.per_column = variant in ("2", "2A")
+        H, dk, dv = n_heads, head_dim, head_dim
+        self.q_proj = nn.Linear(d_model, H * dk, bias=False)
+        self.k_proj = nn.Linear(d_model, H * dk, bias=False)
+        self.v_proj = nn.Linear(d_model, H * dv, bias=False)
+        self.conv = ShortConv(2 * H * dk + H * dv, conv_size) if conv_size > 1 else None
+        self.qk_gain = nn.Parameter(torch.ones(2, H, dk)) if qk_norm_gain else None
+        self.gate_proj = nn.Linear(d_model, H * dv if self.per_column else H, bias=True)
+        nn.init.zeros_(self.gate_proj.bias)  # ours: σ(0) = 1/2 -> β = 1 (ctx_beta), η = eta_max/2/E_nom
+        self.lam_proj = None
+        if self.lam == "ctx":
+            self.lam_proj = nn.Linear(d_model, H, bias=True)
+            nn.init.constant_(self.lam_proj.bias, lam_init_bias)  # ours: weak initial forgetting
+        self.o_norm = RMSNorm(dv, eps=1e-6) if output_norm else None
+        self.g_proj = nn.Linear(d_model, H * dv, bias=False) if output_gate else None
+        self.o_proj = nn.Linear(H * dv, d_model, bias=False)
+        self.e_nom = float(dk) if self.qk_norm == "rmsnorm" else 1.0
+        self.backend_used = "unset"
+
+    # -- gates ---------------------------------------------------------------------------------
+    def _gates(self, h):
+        B, T, _ = h.shape
+        z = self.gate_proj(h).float()
+        z = z.view(B, T, self.H, self.dv) if self.per_column else z.view(B, T, self.H)
+        if self.gate == "ctx_beta":
+            beta, step = self.beta_max * torch.sigmoid(z), "nlms"
+        else:
+            beta, step = (self.eta_max / self.e_nom) * torch.sigmoid(z), "direct"
+        if self.lam == "ctx":
+            zl = self.lam_proj(h).float()
+            lam = self.lam_scale * torch.sigmoid(zl) if self.lam_mode == "scaled" else F.softplus(zl)
+        elif self.lam == "const":
+            lam = torch.full((B, T, self.H), self.lam_value, device=h.device, dtype=torch.float32)
+        else:
+            lam = torch.zeros(B, T, self.H, device=h.device, dtype=torch.float32)
+        return beta, lam, step
+
+    def _norm(self, u, which):
+        u = rms_normalize(u, self.eps_rms) if self.qk_norm == "rmsnorm" else l2_normalize(u, self.eps_rms)
+        if self.qk_gain is not None:
+            u = u * self.qk_gain[which].to(u.dtype)
+        return u
+
+    def init_state(self, batch_size, device=None):
+        return {"conv": None, "op": None}
+
+    def forward(self, x, cu_seqlens=None, state=None, return_state=False, decode=False):
+        B0, T0, D = x.shape
+        if cu_seqlens is not None and (state is not None or return_state):
+            raise ValueError("cu_seqlens and decoding state cannot be combined")
+        h = flatten_for_varlen(x, cu_seqlens)
+        B, T, _ = h.shape
+        H, dk, dv = self.H, self.dk, self.dv
+        qkv = torch.cat([self.q_proj(h), self.k_proj(h), self.v_proj(h)], dim=-1)
+        pos = positions_in_sequence(cu_seqlens, T, h.device) if cu_seqlens is not None else None
+        conv_cache = state["conv"] if state is not None else None
+        if self.conv is not None:
+            qkv, conv_cache = self.conv(qkv, conv_cache, pos)
+        else:
+            qkv = F.silu(qkv)
+        q, k, v = qkv.split([H * dk, H * dk, H * dv], dim=-1)
+        q = self._norm(q.view(B, T, H, dk), 0)
+        k = self._norm(k.view(B, T, H, dk), 1)
+        v = v.view(B, T, H, dv)
+        beta, lam, step = self._gates(h)
+        kw = dict(variant=self.variant, step=step, lam_mode=self.lam_mode, shift=self.shift, read=self.read,
+                  eps=self.eps, eps_gamma=self.eps_gamma, initial_state=state["op"] if state else None,
+                  output_final_state=return_state)
+        if self.window is not None:
+            kw["window"] = self.window
+        if decode:
+            o, op_state = recurrent_falcon(q, k, v, beta.to(q.dtype), lam.to(q.dtype), **kw)
+            self.backend_used = "recurrent"
+        else:
+            o, op_state = chunk_falcon(q, k, v, beta.to(q.dtype), lam.to(q.dtype), cu_seqlens=cu_seqlens,
+                                       chunk_size=self.chunk_size, backend=self.backend, **kw)
+            self.backend_used = self.backend or ("triton" if q.is_cuda else "torch")
+        if self.o_norm is not None:
+            o = self.o_norm(o)
+        o = o.reshape(B, T, H * dv)
+        if self.g_proj is not None:
+            o = o * F.silu(self.g_proj(h))
+        y = self.o_proj(o).view(B0, T0, D)
+        new_state = {"conv": conv_cache, "op": op_state} if return_state else None
+        return y, new_state
+
+    def state_numel(self, batch_size, seq_len):
+        H, dk, dv = self.H, self.dk, self.dv
+        W = self.window or 1
+        per = H * dk * dv + H * dk + (W - 1) * H * (dk + dv)
+        conv = (self.conv.size - 1) * (2 * H * dk + H * dv) if self.conv is not None else 0
+        return batch_size * (per + conv)
+
+    def flops_per_token(self, seq_len):
+        D = self.q_proj.in_features
+        H, dk, dv = self.H, self.dk, self.dv
+        mm = 2 * D * (2 * H * dk + H * dv) + 2 * H * dv * D
+        mm += 2 * D * self.gate_proj.out_features + (2 * D * H if self.lam_proj is not None else 0)
+        mm += 2 * D * H * dv if self.g_proj is not None else 0
+        conv = 2 * (self.conv.size if self.conv else 0) * (2 * H * dk + H * dv)
+        C = max(1, min(self.chunk_size, seq_len))
+        op = H * operator_flops_per_token_head(self.variant, dk, dv, C, self.window or 1)
+        return float(mm + conv + op)
