@@ -1,0 +1,104 @@
+"""`backend="triton"`: the Triton implementation of the Falcon core (docs/kernel-contract.md).
+
+    core(q, xw, vw, eta, g, S0, *, delta, window, read_after, chunk_size) -> (o, S_T)
+
+What runs where (docs/kernels-triton.md):
+  * scalar gates, window 1, delta or linear (Falcon-1, Falcon-1A): chunk kernels, Triton forward and
+    Triton backward (chunk.py);
+  * scalar gates, window W > 1, linear (Falcon-3A): the sum of W shifted Falcon-1A scans, each one
+    the same Triton kernels (W x the cost of Falcon-1A; a fused banded-mask kernel is not built);
+  * T = 1 without gradients (decoding), every variant: one fused kernel (decode.py);
+  * per-column gates with T > 1 (Falcon-2, -2A) and windowed delta (Falcon-3): NOT implemented in
+    Triton; `supports()` says False and `core` raises NotImplementedError.
+CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
+before triton is first imported (the tests start a subprocess for that).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from .chunk import ChunkFalconScalar
+from .decode import decode_step
+
+__all__ = ["core", "supports", "decode_step", "interpreter_active"]
+
+
+def interpreter_active() -> bool:
+    try:
+        import triton
+
+        return bool(triton.knobs.runtime.interpret)
+    except AttributeError:  # older triton without knobs
+        return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _needs_grad(*ts) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
+
+
+def supports(*, per_column: bool, delta: bool, window: int, T: int = 2, grad: bool = True) -> bool:
+    """Whether `core` has a Triton path for this configuration."""
+    if T == 1 and not grad:
+        return True
+    return not per_column and (window == 1 or not delta)
+
+
+def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: int,
+         read_after: bool, chunk_size: int, allow_tf32: Optional[bool] = None):
+    """The Falcon core on Triton (shapes and semantics in docs/kernel-contract.md).
+
+    allow_tf32: fp32 inputs use full-precision ("ieee") dots unless this is True (or the environment
+    sets FALCON_TRITON_TF32=1). 16-bit inputs always use tensor-core dots with fp32 accumulation.
+    """
+    if q.device.type == "cpu":
+        if not interpreter_active():
+            raise RuntimeError(
+                "backend='triton' on CPU tensors runs the Triton interpreter, which needs "
+                "TRITON_INTERPRET=1 in the environment before triton is imported; use backend='torch' "
+                "or move the tensors to CUDA")
+    elif q.device.type != "cuda":
+        raise RuntimeError(f"backend='triton' needs CUDA (or CPU under TRITON_INTERPRET=1) tensors, got {q.device}")
+    if q.dtype == torch.float64:
+        raise NotImplementedError("backend='triton' computes in fp32 at most; float64 inputs need backend='torch'")
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"q: unsupported dtype {q.dtype}")
+    if chunk_size not in (16, 32, 64):
+        raise ValueError(f"chunk_size must be 16, 32 or 64, got {chunk_size}")
+    B, T, H, K = q.shape
+    V = vw.shape[-1]
+    if K > 256 or V > 256:
+        raise ValueError(f"head sizes up to 256 are supported, got K={K}, V={V}")
+    per_column = eta.dim() == 4
+    W = int(window)
+    if xw.shape[1] != T + W - 1 or vw.shape[1] != T + W - 1:
+        raise ValueError(f"xw/vw must have T + window - 1 = {T + W - 1} rows, got {xw.shape[1]}, {vw.shape[1]}")
+    tf32 = allow_tf32 if allow_tf32 is not None else os.environ.get("FALCON_TRITON_TF32", "0") == "1"
+    grad = _needs_grad(q, xw, vw, eta, g, S0)
+    if T == 1 and not grad:
+        return decode_step(q, xw.to(q.dtype), vw.to(q.dtype), eta, g, S0, delta=delta, window=W,
+                           read_after=read_after)
+    if not supports(per_column=per_column, delta=delta, window=W, T=T, grad=grad):
+        raise NotImplementedError(
+            "backend='triton' has no chunk kernel for "
+            + ("per-column gates (variants 2, 2A)" if per_column else "windowed regression (variant 3)")
+            + "; use backend='torch'")
+    q = q.contiguous()
+    xw = xw.to(q.dtype).contiguous()
+    vw = vw.to(q.dtype).contiguous()
+    eta = eta.float().contiguous()
+    g = g.float().contiguous()
+    S0 = S0.float().contiguous() if S0 is not None else None
+    if W == 1:
+        return ChunkFalconScalar.apply(q, xw, vw, eta, g, S0, delta, read_after, chunk_size, 0, tf32, None)
+    # Falcon-3A: S = Σ_m S^(m), scan m writes the pairs W-1-m rows back (falcon-math.md §4.1).
+    o_sum, s_sum = None, None
+    for m in range(W):
+        o_m, s_m = ChunkFalconScalar.apply(q, xw, vw, eta, g, S0 if m == 0 else None, False,
+                                           read_after, chunk_size, W - 1 - m, tf32, torch.float32)
+        o_sum = o_m if o_sum is None else o_sum + o_m
+        s_sum = s_m if s_sum is None else s_sum + s_m
+    return o_sum.to(q.dtype), s_sum

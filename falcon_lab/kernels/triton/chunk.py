@@ -1,0 +1,510 @@
+"""Triton chunk kernels of the Falcon core for scalar gates and window 1 (Falcon-1 and Falcon-1A).
+
+The core recurrence (docs/kernel-contract.md), per (batch, head), 0-based t:
+
+    S_t = γ_t S_{t-1} + η_t x_t (v_t - [delta] S_{t-1}ᵀ x_t)ᵀ ,   o_t = S_tᵀ q_t   (or S_{t-1}ᵀ q_t)
+
+Chunk form (our derivation, stable-exponent, falcon-math.md §6.1/§6.4). In a chunk with local
+log-prefix u_i = Σ_{r<=i} g_r (g = log γ <= 0), ub_i = u_i - g_i, read prefix ur = u (after) or ub
+(before), and state S at the chunk start:
+
+    delta:  (I + L) R = V - diag(e^{ub}) X S,   L_{s,r} = (x_s·x_r) η_r e^{ub_s - u_r}  (r < s)
+            A = (I + L)^{-1},  Wt = A diag(e^{ub}) X,  Vt = A V,  R = Vt - Wt S,  U = diag(η) R
+    linear: U = diag(η) V
+    o_i   = e^{ur_i} q_iᵀ S + Σ_{s <= i (after) | s < i (before)} (q_i·x_s) e^{ur_i - u_s} U_s
+    S_out = e^{u_C} S + Xᵀ diag(e^{u_C - u}) U
+
+Every exponent is <= 0 (clamped with min(., 0) against rounding). Kernels:
+
+    forward:  _fwd_prep (delta only; per chunk: Gram, L, triangular inverse A, Wt, Vt)
+              _fwd_state (sequential over chunks; states at chunk starts, residuals R, final state)
+              _fwd_out   (per chunk: outputs)
+    backward: _bwd_dul   (per chunk: dU = Pᵀ dO, the intra-chunk part)
+              _bwd_state (reverse sequential: state gradients at chunk ends, full dU, dS0)
+              _bwd_main  (per chunk: dq, dx, dv, dη, dg)
+
+All accumulation is fp32; dot operands are in the input dtype (bf16/fp16 -> tensor cores; fp32 ->
+full-precision "ieee" dots unless tf32 is asked for). States and the backward's dU are kept in fp32;
+A, Wt, Vt and R (the residuals) are stored in the input dtype (as fla does).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# Debug aid for the GPU checks: allocate outputs filled with NaN so unwritten elements show.
+POISON = os.environ.get("FALCON_TRITON_POISON", "0") == "1"
+
+
+def _empty(shape, dtype, device):
+    if POISON:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+# ------------------------------------------------------------------------------------------------
+# forward
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+              C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    rows = n * C + i
+    rmask = rows < T
+    tok = (b * T + rows).to(tl.int64) * H + h
+    xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+    dt = x.dtype
+    eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
+    g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+    u = tl.cumsum(g, 0)
+    ub = u - g
+    gram = tl.dot(x, tl.trans(x), input_precision=PREC)
+    strict = i[:, None] > i[None, :]
+    L = tl.where(strict, gram * tl.exp(tl.minimum(ub[:, None] - u[None, :], 0.)) * eta[None, :], 0.)
+    # A = (I + L)^{-1} by forward substitution, one row at a time (L strictly lower).
+    Ai = tl.where(i[:, None] == i[None, :], 1., 0.)
+    for r in range(1, C):
+        lr = tl.sum(tl.where(i[:, None] == r, L, 0.), 0)          # row r of L, by column j
+        new = tl.sum(lr[:, None] * Ai, 0)                         # Σ_j L[r, j] A[j, :]
+        Ai = tl.where(i[:, None] == r, (tl.where(i == r, 1., 0.) - new)[None, :], Ai)
+    tl.store(A + tok[:, None] * C + i[None, :], Ai, mask=rmask[:, None])
+    Ad = Ai.to(dt)
+    xs = (x.to(tl.float32) * tl.exp(ub)[:, None]).to(dt)
+    wt = tl.dot(Ad, xs, input_precision=PREC)
+    tl.store(WT + tok[:, None] * K + ck[None, :], wt.to(dt), mask=rmask[:, None] & kmask[None, :])
+    for vb in range(0, tl.cdiv(V, BV)):
+        cv = vb * BV + tl.arange(0, BV)
+        m = rmask[:, None] & (cv < V)[None, :]
+        v = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=m, other=0.)
+        vt = tl.dot(Ad, v, input_precision=PREC)
+        tl.store(VT + tok[:, None] * V + cv[None, :], vt.to(dt), mask=m)
+
+
+@triton.jit
+def _fwd_state(X, VV, ETA, G, WT, VT, S0, HS, R, ST, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr,
+               V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               DELTA: tl.constexpr, HAS_S0: tl.constexpr, STORE_ST: tl.constexpr,
+               PREC: tl.constexpr):
+    vb = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    smask = kmask[:, None] & vmask[None, :]
+    soff = ck[:, None] * V + cv[None, :]
+    bh64 = bh.to(tl.int64)
+    if HAS_S0:
+        S = tl.load(S0 + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    for n in range(0, NT):
+        tl.store(HS + (bh64 * NT + n) * K * V + soff, S, mask=smask)
+        rows = n * C + i
+        rmask = rows < T
+        tok = (b * T + rows).to(tl.int64) * H + h
+        xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+        x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+        dt = x.dtype
+        eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
+        g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+        u = tl.cumsum(g, 0)
+        uC = tl.sum(g, 0)
+        vm = rmask[:, None] & vmask[None, :]
+        if DELTA:
+            wt = tl.load(WT + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+            vt = tl.load(VT + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
+            r = vt.to(tl.float32) - tl.dot(wt, S.to(dt), input_precision=PREC)
+            tl.store(R + tok[:, None] * V + cv[None, :], r.to(dt), mask=vm)
+        else:
+            r = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        w = r * (eta * tl.exp(tl.minimum(uC - u, 0.)))[:, None]
+        S = S * tl.exp(uC) + tl.dot(tl.trans(x), w.to(dt), input_precision=PREC)
+    if STORE_ST:
+        tl.store(ST + bh64 * K * V + soff, S, mask=smask)
+
+
+@triton.jit
+def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+             C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DELTA: tl.constexpr,
+             READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+    vb = tl.program_id(0)
+    n = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    rows = n * C + i
+    rmask = rows < T
+    tok = (b * T + rows).to(tl.int64) * H + h
+    xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    km = rmask[:, None] & kmask[None, :]
+    vm = rmask[:, None] & vmask[None, :]
+    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+    dt = q.dtype
+    eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
+    g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+    u = tl.cumsum(g, 0)
+    if READ_AFTER:
+        ur = u
+        causal = i[:, None] >= i[None, :]
+    else:
+        ur = u - g
+        causal = i[:, None] > i[None, :]
+    qx = tl.dot(q, tl.trans(x), input_precision=PREC)
+    P = tl.where(causal, qx * tl.exp(tl.minimum(ur[:, None] - u[None, :], 0.)), 0.)
+    S = tl.load(HS + (bh.to(tl.int64) * NT + n) * K * V + ck[:, None] * V + cv[None, :],
+                mask=kmask[:, None] & vmask[None, :], other=0.)
+    if DELTA:
+        r = tl.load(R + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+    else:
+        r = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+    U = (r * eta[:, None]).to(dt)
+    o = tl.dot(q, S.to(dt), input_precision=PREC) * tl.exp(ur)[:, None]
+    o += tl.dot(P.to(dt), U, input_precision=PREC)
+    tl.store(O + tok[:, None] * V + cv[None, :], o.to(O.dtype.element_ty), mask=vm)
+
+
+# ------------------------------------------------------------------------------------------------
+# backward
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+             BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+    vb = tl.program_id(0)
+    n = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    rows = n * C + i
+    rmask = rows < T
+    tok = (b * T + rows).to(tl.int64) * H + h
+    xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    km = rmask[:, None] & kmask[None, :]
+    vm = rmask[:, None] & (cv < V)[None, :]
+    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+    dt = q.dtype
+    g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+    u = tl.cumsum(g, 0)
+    if READ_AFTER:
+        ur = u
+        causal = i[:, None] >= i[None, :]
+    else:
+        ur = u - g
+        causal = i[:, None] > i[None, :]
+    # Pᵀ built directly (rows s, columns i): no transpose of a dot result feeds a dot (fla #640).
+    xq = tl.dot(x, tl.trans(q), input_precision=PREC)
+    PT = tl.where(tl.trans(causal), xq * tl.exp(tl.minimum(ur[None, :] - u[:, None], 0.)), 0.)
+    do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
+    du = tl.dot(PT.to(dt), do, input_precision=PREC)
+    tl.store(DU + tok[:, None] * V + cv[None, :], du, mask=vm)
+
+
+@triton.jit
+def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr,
+               V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               DELTA: tl.constexpr, READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr,
+               STORE_DS0: tl.constexpr, PREC: tl.constexpr):
+    vb = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    smask = kmask[:, None] & vmask[None, :]
+    soff = ck[:, None] * V + cv[None, :]
+    bh64 = bh.to(tl.int64)
+    if HAS_DST:
+        dH = tl.load(DST + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
+    else:
+        dH = tl.zeros([BK, BV], dtype=tl.float32)
+    for nn in range(0, NT):
+        n = NT - 1 - nn
+        tl.store(DHS + (bh64 * NT + n) * K * V + soff, dH, mask=smask)
+        rows = n * C + i
+        rmask = rows < T
+        tok = (b * T + rows).to(tl.int64) * H + h
+        xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+        km = rmask[:, None] & kmask[None, :]
+        vm = rmask[:, None] & vmask[None, :]
+        x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+        q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+        dt = x.dtype
+        eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
+        g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+        u = tl.cumsum(g, 0)
+        uC = tl.sum(g, 0)
+        if READ_AFTER:
+            ur = u
+        else:
+            ur = u - g
+        do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        du = tl.load(DU + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
+        du += tl.dot(x, dH.to(dt), input_precision=PREC) * tl.exp(tl.minimum(uC - u, 0.))[:, None]
+        tl.store(DU + tok[:, None] * V + cv[None, :], du, mask=vm)
+        dHn = dH * tl.exp(uC) + tl.dot(tl.trans(q), (do * tl.exp(ur)[:, None]).to(dt), input_precision=PREC)
+        if DELTA:
+            wt = tl.load(WT + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+            dHn -= tl.dot(tl.trans(wt), (du * eta[:, None]).to(dt), input_precision=PREC)
+        dH = dHn
+    if STORE_DS0:
+        tl.store(DS0 + bh64 * K * V + soff, dH, mask=smask)
+
+
+@triton.jit
+def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, XT, XOFF, NT,
+              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+              BV: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    rows = n * C + i
+    rmask = rows < T
+    tok = (b * T + rows).to(tl.int64) * H + h
+    xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    km = rmask[:, None] & kmask[None, :]
+    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+    dt = q.dtype
+    eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
+    g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+    u = tl.cumsum(g, 0)
+    uC = tl.sum(g, 0)
+    ub = u - g
+    if READ_AFTER:
+        ur = u
+        causal = i[:, None] >= i[None, :]
+    else:
+        ur = ub
+        causal = i[:, None] > i[None, :]
+    strict = i[:, None] > i[None, :]
+    qx = tl.dot(q, tl.trans(x), input_precision=PREC)
+    Er = tl.where(causal, tl.exp(tl.minimum(ur[:, None] - u[None, :], 0.)), 0.)
+    eC = tl.exp(tl.minimum(uC - u, 0.))
+    if DELTA:
+        gram = tl.dot(x, tl.trans(x), input_precision=PREC)
+        Eb = tl.where(strict, tl.exp(tl.minimum(ub[:, None] - u[None, :], 0.)), 0.)
+        Ai = tl.load(A + tok[:, None] * C + i[None, :], mask=rmask[:, None], other=0.)
+        AiT = tl.trans(Ai).to(dt)
+    DOU = tl.zeros([C, C], dtype=tl.float32)
+    dL = tl.zeros([C, C], dtype=tl.float32)
+    dq = tl.zeros([C, BK], dtype=tl.float32)
+    dxs = tl.zeros([C, BK], dtype=tl.float32)
+    dxy = tl.zeros([C, BK], dtype=tl.float32)
+    d_ur = tl.zeros([C], dtype=tl.float32)
+    d_u = tl.zeros([C], dtype=tl.float32)
+    d_ub = tl.zeros([C], dtype=tl.float32)
+    d_eta = tl.zeros([C], dtype=tl.float32)
+    duC = tl.sum(tl.zeros([C], dtype=tl.float32), 0)
+    hbase = (bh.to(tl.int64) * NT + n) * K * V
+    for vb in range(0, tl.cdiv(V, BV)):
+        cv = vb * BV + tl.arange(0, BV)
+        vmask = cv < V
+        vm = rmask[:, None] & vmask[None, :]
+        smask = kmask[:, None] & vmask[None, :]
+        soff = ck[:, None] * V + cv[None, :]
+        S = tl.load(HS + hbase + soff, mask=smask, other=0.)
+        dH = tl.load(DHS + hbase + soff, mask=smask, other=0.)
+        Sd = S.to(dt)
+        dHd = dH.to(dt)
+        do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
+        dU = tl.load(DU + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
+        if DELTA:
+            rr = tl.load(R + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        else:
+            rr = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        U = rr * eta[:, None]
+        Ud = U.to(dt)
+        DOU += tl.dot(do, tl.trans(Ud), input_precision=PREC)
+        qS = tl.dot(q, Sd, input_precision=PREC)
+        d_ur += tl.exp(ur) * tl.sum(do.to(tl.float32) * qS, 1)
+        dq += tl.dot(do, tl.trans(Sd), input_precision=PREC)
+        duC += tl.sum(tl.sum(dH * S, 1), 0) * tl.exp(uC)
+        xdH = tl.dot(x, dHd, input_precision=PREC)
+        Y = eC * tl.sum(xdH * U, 1)
+        duC += tl.sum(Y, 0)
+        d_u -= Y
+        dxs += tl.dot(Ud, tl.trans(dHd), input_precision=PREC)
+        d_eta += tl.sum(dU * rr, 1)
+        if DELTA:
+            dR = (dU * eta[:, None]).to(dt)
+            dY = tl.dot(AiT, dR, input_precision=PREC)
+            tl.store(DV + xtok[:, None] * V + cv[None, :], dY.to(DV.dtype.element_ty), mask=vm)
+            dYd = dY.to(dt)
+            dL -= tl.dot(dYd, tl.trans(rr.to(dt)), input_precision=PREC)
+            dxy += tl.dot(dYd, tl.trans(Sd), input_precision=PREC)
+            xS = tl.dot(x, Sd, input_precision=PREC)
+            d_ub -= tl.exp(ub) * tl.sum(dY * xS, 1)
+        else:
+            tl.store(DV + xtok[:, None] * V + cv[None, :], (dU * eta[:, None]).to(DV.dtype.element_ty), mask=vm)
+    Z = qx * Er * DOU
+    d_ur += tl.sum(Z, 1)
+    d_u -= tl.sum(Z, 0)
+    M = (DOU * Er).to(dt)
+    dq = dq * tl.exp(ur)[:, None] + tl.dot(M, x, input_precision=PREC)
+    dx = dxs * eC[:, None]
+    # Mᵀq and Gmᵀx are formed as (qᵀM)ᵀ, (xᵀGm)ᵀ: a [C, C] dot result is never transposed and fed
+    # to another dot (the Hopper miscompile of Triton 3.4-3.7.0, fla #640).
+    dxT = tl.dot(tl.trans(q), M, input_precision=PREC)
+    if DELTA:
+        dL = tl.where(strict, dL, 0.)
+        Gm = (dL * Eb * eta[None, :]).to(dt)
+        dx += tl.dot(Gm, x, input_precision=PREC)
+        dxT += tl.dot(tl.trans(x), Gm, input_precision=PREC)
+        dx -= dxy * tl.exp(ub)[:, None]
+        Psi = dL * gram * Eb
+        d_eta += tl.sum(Psi, 0)
+        PsiE = Psi * eta[None, :]
+        d_ub += tl.sum(PsiE, 1)
+        d_u -= tl.sum(PsiE, 0)
+    dx += tl.trans(dxT)
+    d_u += d_ur + d_ub
+    d_u += tl.where(i == C - 1, duC, 0.)
+    dg = tl.cumsum(d_u, 0, reverse=True) - d_ub
+    if not READ_AFTER:
+        dg -= d_ur
+    tl.store(DQ + tok[:, None] * K + ck[None, :], dq.to(DQ.dtype.element_ty), mask=km)
+    tl.store(DX + xtok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
+    tl.store(DETA + tok, d_eta, mask=rmask)
+    tl.store(DG + tok, dg, mask=rmask)
+
+
+# ------------------------------------------------------------------------------------------------
+# launchers and the autograd function
+# ------------------------------------------------------------------------------------------------
+def _np2(n: int) -> int:
+    return max(16, triton.next_power_of_2(int(n)))
+
+
+def _cfg(K: int, V: int):
+    """Tile sizes (ours): the whole key dimension in one tile, value blocks of BV columns."""
+    BK = _np2(K)
+    BV_state = 64 if BK <= 64 else 32
+    BV_out = min(64, _np2(V))
+    BV_main = 64 if BK <= 64 else 32
+    warps_main = 4 if BK <= 64 else 8
+    return BK, min(BV_state, _np2(V)), BV_out, min(BV_main, _np2(V)), warps_main
+
+
+def _prec(dtype: torch.dtype, allow_tf32: bool) -> str:
+    return "tf32" if (dtype != torch.float32 or allow_tf32) else "ieee"
+
+
+def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf32=False,
+                  out_dtype=None):
+    B, T, H, K = q.shape
+    XT = x.shape[1]
+    V = v.shape[-1]
+    NT = triton.cdiv(T, C)
+    BK, BVs, BVo, _, _ = _cfg(K, V)
+    dev = q.device
+    prec = _prec(q.dtype, allow_tf32)
+    f32 = torch.float32
+    if delta:
+        A = torch.empty(B, T, H, C, dtype=f32, device=dev)
+        WT = torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
+        VT = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
+        R = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
+        _fwd_prep[(NT, B * H)](x, v, eta, g, A, WT, VT, T, XT, xoff, H, K, V, C, BK, BVo, prec)
+    else:
+        A = WT = VT = R = eta  # never read (constexpr-disabled branches)
+    HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
+    ST = _empty((B, H, K, V), f32, dev)
+    _fwd_state[(triton.cdiv(V, BVs), B * H)](
+        x, v, eta, g, WT, VT, S0 if S0 is not None else eta, HS, R, ST, T, XT, xoff, NT, H, K, V, C,
+        BK, BVs, delta, S0 is not None, True, prec)
+    O = _empty((B, T, H, V), out_dtype or q.dtype, dev)
+    _fwd_out[(triton.cdiv(V, BVo), NT, B * H)](
+        q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec)
+    return O, ST, (HS, A, WT, R)
+
+
+def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xoff=0,
+                   allow_tf32=False, need_ds0=True):
+    HS, A, WT, R = saved
+    B, T, H, K = q.shape
+    XT = x.shape[1]
+    V = v.shape[-1]
+    NT = triton.cdiv(T, C)
+    BK, BVs, BVo, BVm, wm = _cfg(K, V)
+    dev = q.device
+    prec = _prec(q.dtype, allow_tf32)
+    f32 = torch.float32
+    DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
+    _bwd_dul[(triton.cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,
+                                                read_after, prec)
+    DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
+    DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
+    _bwd_state[(triton.cdiv(V, BVs), B * H)](
+        q, x, eta, g, WT, dO, DU, dST if dST is not None else eta, DHS,
+        DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BK, BVs, delta, read_after,
+        dST is not None, need_ds0, prec)
+    dq = _empty(q.shape, q.dtype, dev)
+    if xoff == 0 and XT == T:
+        dx = _empty(x.shape, x.dtype, dev)
+        dv = _empty(v.shape, v.dtype, dev)
+    else:  # a shifted view of a longer pair stream (window composition): rows outside stay 0
+        dx = torch.zeros(x.shape, dtype=x.dtype, device=dev)
+        dv = torch.zeros(v.shape, dtype=v.dtype, device=dev)
+    deta = _empty(eta.shape, eta.dtype, dev)
+    dg = _empty(g.shape, g.dtype, dev)
+    _bwd_main[(NT, B * H)](q, x, v, R, eta, g, A, HS, DHS, dO, DU, dq, dx, dv, deta, dg, T, XT, xoff,
+                           NT, H, K, V, C, BK, BVm, delta, read_after, prec, num_warps=wm)
+    return dq, dx, dv, deta, dg, DS0
+
+
+class ChunkFalconScalar(torch.autograd.Function):
+    """Falcon core, scalar gates, window 1 (or one shifted scan of a window, via xoff). Forward and
+    backward are the Triton kernels above; no torch autograd fallback inside."""
+
+    @staticmethod
+    def forward(ctx, q, x, v, eta, g, S0, delta, read_after, C, xoff, allow_tf32, out_dtype):
+        O, ST, saved = chunk_forward(q, x, v, eta, g, S0, delta=delta, read_after=read_after, C=C,
+                                     xoff=xoff, allow_tf32=allow_tf32, out_dtype=out_dtype)
+        ctx.save_for_backward(q, x, v, eta, g, *saved)
+        ctx.cfg = (delta, read_after, C, xoff, allow_tf32, S0 is not None)
+        return O, ST
+
+    @staticmethod
+    def backward(ctx, dO, dST):
+        q, x, v, eta, g, *saved = ctx.saved_tensors
+        delta, read_after, C, xoff, allow_tf32, has_s0 = ctx.cfg
+        if dO is None:
+            dO = torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=q.dtype, device=q.device)
+        dO = dO.contiguous()
+        dST = dST.contiguous().float() if dST is not None else None
+        dq, dx, dv, deta, dg, dS0 = chunk_backward(
+            q, x, v, eta, g, saved, dO, dST, delta=delta, read_after=read_after, C=C, xoff=xoff,
+            allow_tf32=allow_tf32, need_ds0=has_s0 and ctx.needs_input_grad[5])
+        return dq, dx, dv, deta, dg, dS0, None, None, None, None, None, None

@@ -1,0 +1,92 @@
+"""backend="triton" kernels under the Triton interpreter (TRITON_INTERPRET=1) against a float64 loop.
+
+Triton reads TRITON_INTERPRET when it is imported, and other tests of this pytest process may have
+imported it already, so the cases run in ONE subprocess with the variable set (tests/triton_interp_cases.py)
+and each case is checked here. Tiny sizes; fp32 and fp16 only (bf16 arithmetic is wrong in the
+interpreter, platform-notes.md).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def _c(id, **kw):
+    base = dict(B=2, T=37, H=2, K=16, V=32, W=1, delta=True, after=True, C=16, dtype="float32", seed=1)
+    base.update(kw)
+    base["id"] = id
+    return base
+
+
+CASES = []
+for delta in (True, False):
+    v = "F1" if delta else "F1A"
+    for after in (True, False):
+        CASES.append(_c(f"{v}-{'after' if after else 'before'}-C16", delta=delta, after=after))
+    CASES.append(_c(f"{v}-C32-K48-V16", delta=delta, C=32, T=70, K=48, V=16, B=1, seed=2))
+    CASES.append(_c(f"{v}-C64-T65", delta=delta, C=64, T=65, B=1, H=1, K=32, V=32, seed=3))
+    CASES.append(_c(f"{v}-strong-decay-C64", delta=delta, C=64, T=64, B=1, H=1, strong=True, seed=4))
+    CASES.append(_c(f"{v}-no-S0", delta=delta, s0=False, seed=5))
+    CASES.append(_c(f"{v}-fp16", delta=delta, dtype="float16", seed=6))
+CASES.append(_c("F3A-W3-after", delta=False, W=3, seed=7))
+CASES.append(_c("F3A-W4-before-C32", delta=False, W=4, after=False, C=32, T=45, seed=8))
+DECODE = []
+for delta in (True, False):
+    for per_col, W in ((False, 1), (True, 1), (False, 4)):
+        name = {(False, 1): "1", (True, 1): "2", (False, 4): "3"}[(per_col, W)] + ("" if delta else "A")
+        for after in (True, False):
+            DECODE.append(dict(id=f"decode-F{name}-{'after' if after else 'before'}", decode=True, B=2, H=2,
+                               K=16, V=32, W=W, delta=delta, after=after, per_col=per_col, seed=11))
+
+
+@pytest.fixture(scope="module")
+def results():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, str(HERE / "triton_interp_cases.py"), json.dumps(CASES + DECODE)],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=str(HERE.parent))
+    res = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("{"):
+            d = json.loads(line)
+            res[d["id"]] = d
+    if not res:
+        pytest.fail(f"interpreter subprocess produced no results:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+    return res
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_chunk_kernels_match_float64(results, case):
+    r = results.get(case["id"])
+    assert r is not None, f"case {case['id']} did not run"
+    assert "error" not in r, r.get("error")
+    # fp32: full-precision dots, errors ~1e-7 measured; fp16 operands: ~5e-4 measured
+    lim = 3e-3 if case["dtype"] == "float16" else 2e-5
+    res = r["res"]
+    assert set(res) >= {"o", "S_T", "dq", "dxw", "dvw", "deta", "dg"}
+    for k, e in res.items():
+        assert e <= lim, f"{case['id']}: {k} relative error {e:.3e} > {lim:.0e} ({res})"
+
+
+@pytest.mark.parametrize("case", DECODE, ids=[c["id"] for c in DECODE])
+def test_decode_kernel_matches_float64(results, case):
+    r = results.get(case["id"])
+    assert r is not None and "error" not in r, r
+    for k, e in r["res"].items():
+        assert e <= 2e-6, f"{case['id']}: {k} relative error {e:.3e}"
+
+
+def test_cpu_without_interpreter_gives_clear_error():
+    code = ("import os; os.environ.pop('TRITON_INTERPRET', None)\n"
+            "import torch\nfrom falcon_lab.kernels.triton import core\n"
+            "q = torch.zeros(1, 4, 1, 16); v = torch.zeros(1, 4, 1, 16); e = torch.zeros(1, 4, 1)\n"
+            "try:\n    core(q, q, v, e, e, None, delta=True, window=1, read_after=True, chunk_size=16)\n"
+            "except RuntimeError as err:\n    print('ERR', err)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "ERR" in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stdout + out.stderr
