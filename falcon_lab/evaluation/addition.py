@@ -1,0 +1,263 @@
+"""Scoring of variable-length addition (paper Table 3) and a Lightning callback that runs it during
+training so the best step can be chosen by in-distribution validation.
+
+Per width: teacher-forced exact match of the whole answer (every answer token, EOS included, is the
+argmax given the gold prefix; the paper's metric), token accuracy, and free-running greedy exact
+match (decoded until EOS; it equals teacher-forced exact match whenever the decoder is right, which
+makes it a check on the recurrent decode path). OOD summary: the mean over the OOD widths (the
+paper's "Mean acc."), accuracy at the first and last OOD width (Acc@d33 / Acc@d48).
+Accuracies are fractions in [0, 1]; tables print percentages.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+from falcon_lab.data.tasks.addition import AdditionExample, AdditionTask
+from falcon_lab.evaluation.common import as_tokenizer, greedy_generate, score_continuations
+
+
+def example_tokens(tok, ex: AdditionExample, eos_in_answer: bool = True) -> tuple[list[int], list[int]]:
+    """(context, answer) token ids: context = BOS + prompt, answer = answer text (+ EOS)."""
+    tok = as_tokenizer(tok)
+    ctx = [tok.bos_id] + tok.encode(ex.prompt)
+    ans = tok.encode(ex.answer) + ([tok.eos_id] if eos_in_answer else [])
+    return ctx, ans
+
+
+@dataclass
+class WidthScore:
+    width: int
+    n: int
+    exact: float          # teacher-forced exact match of the whole answer
+    token_acc: float
+    free_exact: float | None = None
+    held_out: bool | None = None  # validation only: were these pairs kept out of training?
+
+
+def score_examples(model, tokenizer, examples_by_width: dict[int, list[AdditionExample]], *,
+                   eos_in_answer: bool = True, free_running: bool = False, batch_size: int = 32,
+                   held_out: dict[int, bool] | None = None) -> dict[int, WidthScore]:
+    tok = as_tokenizer(tokenizer)
+    flat = [(n, ex) for n, exs in sorted(examples_by_width.items()) for ex in exs]
+    pairs = [example_tokens(tok, ex, eos_in_answer) for _, ex in flat]
+    scores = score_continuations(model, pairs, batch_size=batch_size, pad_id=tok.pad_id)
+    free = None
+    if free_running:
+        gens = greedy_generate(model, [c for c, _ in pairs], max_new_tokens=max(len(a) for _, a in pairs),
+                               eos_id=tok.eos_id if eos_in_answer else None, batch_size=batch_size,
+                               pad_id=tok.pad_id)
+        free = []
+        for (c, a), g in zip(pairs, gens):
+            want = a[:-1] if eos_in_answer else a
+            free.append(g[:len(want)] == want and (len(g) == len(want) if eos_in_answer else True))
+    out: dict[int, WidthScore] = {}
+    for n in sorted(examples_by_width):
+        idx = [i for i, (w, _) in enumerate(flat) if w == n]
+        if not idx:
+            continue
+        ex = sum(scores[i].is_greedy for i in idx) / len(idx)
+        ta = sum(scores[i].n_correct for i in idx) / max(1, sum(scores[i].n_tokens for i in idx))
+        fe = None if free is None else sum(free[i] for i in idx) / len(idx)
+        out[n] = WidthScore(n, len(idx), ex, ta, fe, None if held_out is None else held_out.get(n))
+    return out
+
+
+@dataclass
+class AdditionResult:
+    fmt: str
+    eos_in_answer: bool
+    val: dict[int, WidthScore]
+    ood: dict[int, WidthScore]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def val_acc(self) -> float:
+        n = sum(s.n for s in self.val.values())
+        return sum(s.exact * s.n for s in self.val.values()) / max(n, 1)
+
+    @property
+    def val_acc_heldout(self) -> float | None:
+        ws = [s for s in self.val.values() if s.held_out]
+        if not ws:
+            return None
+        return sum(s.exact * s.n for s in ws) / sum(s.n for s in ws)
+
+    @property
+    def ood_mean(self) -> float | None:
+        return sum(s.exact for s in self.ood.values()) / len(self.ood) if self.ood else None
+
+    def metrics(self, prefix: str = "addition/") -> dict[str, float]:
+        m = {prefix + "val_acc": self.val_acc}
+        if self.val_acc_heldout is not None:
+            m[prefix + "val_acc_heldout"] = self.val_acc_heldout
+        if self.ood:
+            lo, hi = min(self.ood), max(self.ood)
+            m[prefix + "ood_mean"] = self.ood_mean
+            m[prefix + f"acc@{lo}"] = self.ood[lo].exact
+            m[prefix + f"acc@{hi}"] = self.ood[hi].exact
+            m[prefix + "ood_token_acc"] = sum(s.token_acc for s in self.ood.values()) / len(self.ood)
+            fr = [s.free_exact for s in self.ood.values() if s.free_exact is not None]
+            if fr:
+                m[prefix + "ood_free_mean"] = sum(fr) / len(fr)
+        return m
+
+    def to_dict(self) -> dict:
+        def ws(d):
+            return {str(k): vars(v) for k, v in d.items()}
+        return {"format": self.fmt, "eos_in_answer": self.eos_in_answer, "metrics": self.metrics(),
+                "val": ws(self.val), "ood": ws(self.ood), "notes": self.notes}
+
+    def table(self) -> str:
+        lines = ["width  split  n    exact%  token%  free%  held_out"]
+        for split, d in (("val", self.val), ("ood", self.ood)):
+            for n, s in d.items():
+                fe = "-" if s.free_exact is None else f"{100 * s.free_exact:5.1f}"
+                ho = "" if s.held_out is None else str(s.held_out)
+                lines.append(f"{n:5d}  {split:5s} {s.n:4d}  {100 * s.exact:6.1f}  {100 * s.token_acc:6.1f}"
+                             f"  {fe:>5s}  {ho}")
+        for k, v in self.metrics().items():
+            lines.append(f"{k} = {100 * v:.1f}%")
+        return "\n".join(lines)
+
+
+def evaluate_addition(model, tokenizer, task: AdditionTask, *, n_examples: int = 100,
+                      eos_in_answer: bool = True, free_running: bool = True, ood: bool = True,
+                      batch_size: int = 32, val_widths=None, ood_widths=None) -> AdditionResult:
+    """ID validation on the held-out set fixed up front, and ``n_examples`` fresh examples per OOD
+    width. ``val_widths`` / ``ood_widths`` restrict the widths (e.g. for quick checks)."""
+    val = task.validation()
+    if val_widths is not None:
+        val = {n: val[n] for n in val_widths if n in val}
+    hw = set(task.heldout_widths())
+    held = {n: n in hw for n in val}
+    notes = []
+    small = sorted(n for n in val if n not in hw)
+    if small:
+        notes.append(f"widths {small} have fewer than {task.min_pairs_for_holdout} operand pairs: "
+                     "their validation pairs are not held out of training (held_out=false)")
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        v = score_examples(model, tokenizer, val, eos_in_answer=eos_in_answer, free_running=free_running,
+                           batch_size=batch_size, held_out=held)
+        o = {}
+        if ood:
+            widths = ood_widths if ood_widths is not None else range(task.ood_widths[0], task.ood_widths[1] + 1)
+            o = score_examples(model, tokenizer, {n: task.fresh(n, n_examples, "ood") for n in widths},
+                               eos_in_answer=eos_in_answer, free_running=free_running,
+                               batch_size=batch_size)
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
+    return AdditionResult(task.fmt, eos_in_answer, v, o, notes)
+
+
+def plot_addition(result: AdditionResult, path: str, title: str | None = None) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for split, d, c in (("ID val", result.val, "tab:blue"), ("OOD", result.ood, "tab:red")):
+        if d:
+            ws = sorted(d)
+            ax.plot(ws, [100 * d[w].exact for w in ws], "o-", color=c, ms=3, label=f"{split} exact (TF)")
+            ax.plot(ws, [100 * d[w].token_acc for w in ws], ":", color=c, label=f"{split} token acc")
+    if result.val and result.ood:
+        ax.axvline(max(result.val) + 0.5, color="gray", lw=0.8)
+    ax.set_xlabel("operand width (digits)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_title(title or f"Addition accuracy vs width (format={result.fmt})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Lightning callback
+# ---------------------------------------------------------------------------------------------
+def _lightning_callback_base():
+    import lightning.pytorch as pl
+    return pl.Callback
+
+
+class AdditionEvalCallback(_lightning_callback_base()):
+    """Evaluates addition every ``every_n_steps`` optimizer steps (and at the end of fit), logs
+    ``addition/val_acc``, ``addition/ood_mean``, ``addition/acc@33``, ``addition/acc@48`` to every
+    logger at the global step, and keeps the best step by ID validation accuracy (ties go to the
+    later step; ours). At the end it logs ``addition/best_step`` and the metrics at that step
+    (``addition/best/...``), and writes ``addition_history.json`` to ``dirpath`` (and to MLflow).
+    """
+
+    def __init__(self, task: AdditionTask | None = None, tokenizer=None, *, every_n_steps: int = 100,
+                 n_examples: int = 100, ood: bool = True, eos_in_answer: bool = True,
+                 batch_size: int = 64, dirpath: str | None = None, val_widths=None, ood_widths=None):
+        super().__init__()
+        if every_n_steps < 1:
+            raise ValueError(f"AdditionEvalCallback every_n_steps={every_n_steps}: must be >= 1")
+        self.task = task or AdditionTask()
+        self.tokenizer = tokenizer
+        self.every_n_steps, self.n_examples, self.ood = every_n_steps, n_examples, ood
+        self.eos_in_answer, self.batch_size, self.dirpath = eos_in_answer, batch_size, dirpath
+        self.val_widths, self.ood_widths = val_widths, ood_widths
+        self.history: list[dict] = []
+        self.best: dict | None = None
+        self._last_step = -1
+
+    def _tok(self, trainer, pl_module):
+        for src in (self.tokenizer, getattr(pl_module, "tokenizer", None),
+                    getattr(getattr(trainer, "datamodule", None), "tokenizer", None)):
+            if src is not None:
+                return src
+        raise ValueError("AdditionEvalCallback: no tokenizer (pass tokenizer=, or give the module or "
+                         "datamodule a .tokenizer)")
+
+    def _run(self, trainer, pl_module):
+        step = int(trainer.global_step)
+        if step == self._last_step:
+            return
+        self._last_step = step
+        model = getattr(pl_module, "model", pl_module)
+        with torch.no_grad():
+            res = evaluate_addition(model, self._tok(trainer, pl_module), self.task,
+                                    n_examples=self.n_examples, eos_in_answer=self.eos_in_answer,
+                                    free_running=False, ood=self.ood, batch_size=self.batch_size,
+                                    val_widths=self.val_widths, ood_widths=self.ood_widths)
+        if hasattr(pl_module, "train"):
+            pl_module.train()
+        m = res.metrics()
+        self.history.append({"step": step, **m})
+        if self.best is None or m["addition/val_acc"] >= self.best["addition/val_acc"]:
+            self.best = {"step": step, **m}
+        for lg in trainer.loggers:
+            lg.log_metrics(m, step=step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step > 0 and trainer.global_step % self.every_n_steps == 0:
+            self._run(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module):
+        self._run(trainer, pl_module)
+        if self.best is None:
+            return
+        final = {"addition/best_step": float(self.best["step"])}
+        final.update({k.replace("addition/", "addition/best/"): v for k, v in self.best.items()
+                      if k != "step"})
+        for lg in trainer.loggers:
+            lg.log_metrics(final, step=int(trainer.global_step))
+        if self.dirpath:
+            import os
+            os.makedirs(self.dirpath, exist_ok=True)
+            path = os.path.join(self.dirpath, "addition_history.json")
+            with open(path, "w") as f:
+                json.dump({"format": self.task.fmt, "history": self.history, "best": self.best}, f, indent=1)
+            for lg in trainer.loggers:
+                exp, run_id = getattr(lg, "experiment", None), getattr(lg, "run_id", None)
+                if run_id and hasattr(exp, "log_artifact"):
+                    exp.log_artifact(run_id, path)
