@@ -1,0 +1,62 @@
+"""How one trial trains: a *runner* is ``runner(overrides, callbacks, tracking) -> dict``.
+
+- ``overrides``: the fit overrides of the trial (the space's fixed ones, the command line's, then
+  the sampled parameters), composed by the training config's Compose API;
+- ``callbacks``: Lightning callbacks to add (the step-based pruning callback);
+- ``tracking``: MLflow settings of the child run (``experiment_name``, ``run_name``, ``tags``,
+  ``parent_run_id``, ``tracking_uri``), written into the ``logger.*`` keys of the fit config.
+
+It returns ``falcon_lab.training.run``'s dict (``val_loss``, ``run_id``, ``ckpt_path``,
+``run_dir``). The default runner is :func:`training_runner`; ``runner=module:function`` on the
+sweep command line plugs in another one (it must be importable in worker processes).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+Runner = Callable[[list, list, dict], dict]
+DEFAULT_RUNNER = "falcon_lab.sweeps.runner:training_runner"
+
+
+def compose_fit(overrides: list[str]):
+    """The fit config with these overrides (Hydra Compose API, owned by falcon_lab.training)."""
+    from falcon_lab.training.config import compose
+
+    return compose(list(overrides))
+
+
+def apply_tracking(cfg, tracking: dict[str, Any]):
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        for k, v in tracking.items():
+            if v is None:
+                continue
+            if k == "tags":
+                old = cfg.logger.get("tags") or {}
+                cfg.logger.tags = {**dict(old), **{str(a): str(b) for a, b in v.items()}}
+            else:
+                cfg.logger[k] = v
+    return cfg
+
+
+def training_runner(overrides: list[str], callbacks: list, tracking: dict[str, Any]) -> dict:
+    from falcon_lab import training
+
+    cfg = apply_tracking(compose_fit(overrides), tracking)
+    return training.run(cfg, callbacks=callbacks)
+
+
+def load_runner(spec: str | None) -> Runner:
+    spec = spec or DEFAULT_RUNNER
+    if ":" not in spec:
+        raise ValueError(f"runner={spec}: expected 'module:function'")
+    mod, fn = spec.split(":", 1)
+    try:
+        obj = getattr(importlib.import_module(mod), fn)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"runner={spec}: cannot import ({e})") from e
+    if not callable(obj):
+        raise ValueError(f"runner={spec}: not callable")
+    return obj
