@@ -15,46 +15,11 @@ torch.set_num_threads(1)
 from falcon_lab.kernels.triton import core  # noqa: E402
 
 
-def ref_core(q, xw, vw, eta, g, S0, *, delta, window, read_after):
-    """float64 loop of the contract's recurrence (kernel-contract.md), independent of the lead's."""
-    B, T, H, K = q.shape
-    V = vw.shape[-1]
-    W = window
-    S = S0.clone() if S0 is not None else q.new_zeros(B, H, K, V)
-    outs = []
-    per_col = eta.dim() == 4
-    for t in range(T):
-        e = t + W - 1
-        gam = torch.exp(g[:, t])  # [B,H] or [B,H,V]
-        et = eta[:, t]
-        gam = gam[:, :, None, :] if per_col else gam[:, :, None, None]
-        et = et[:, :, None, :] if per_col else et[:, :, None, None]
-        upd = 0
-        for m in range(W):
-            x = xw[:, e - m]  # [B,H,K]
-            y = vw[:, e - m]
-            r = y - torch.einsum("bhkv,bhk->bhv", S, x) if delta else y
-            upd = upd + x[..., :, None] * r[..., None, :]
-        Sn = gam * S + et * upd
-        outs.append(torch.einsum("bhkv,bhk->bhv", Sn if read_after else S, q[:, t]))
-        S = Sn
-    return torch.stack(outs, 1), S
+from falcon_lab.benchmarking.ref64 import ref_core, make_core_inputs  # noqa: E402
 
 
 def make(B, T, H, K, V, W, strong, seed, per_col=False):
-    gen = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
-    q = r(B, T, H, K) / K ** 0.5
-    xw = r(B, T + W - 1, H, K) / K ** 0.5
-    vw = r(B, T + W - 1, H, V)
-    es = (B, T, H, V) if per_col else (B, T, H)
-    eta = torch.rand(*es, generator=gen, dtype=torch.float64) * 1.5 / W
-    lo = -1.4 if strong else -0.1  # strong: γ down to 0.25 (the hazard of falcon-math.md §6.4)
-    g = torch.rand(*es, generator=gen, dtype=torch.float64) * lo
-    eta[:, 0] = 0.0  # the shift sentinel
-    g[:, 0] = 0.0
-    S0 = r(B, H, K, V) * 0.3
-    return q, xw, vw, eta, g, S0
+    return make_core_inputs(B, T, H, K, V, W, strong=strong, per_col=per_col, seed=seed)
 
 
 def run_case(c):

@@ -1,0 +1,44 @@
+"""`python -m falcon_lab.bench kernels [--profile] [--out DIR] [--ops a,b] [--quick]`: the kernel
+benchmark (falcon_lab/benchmarking/kernels.py; needs a CUDA GPU). `python -m falcon_lab.bench check`
+runs the GPU correctness check (falcon_lab/benchmarking/gpu_check.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m falcon_lab.bench", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    k = sub.add_parser("kernels", help="time the six Falcon ops, fla, SDPA flash and the torch chunk form")
+    k.add_argument("--profile", action="store_true", help="also write torch.profiler traces + tables")
+    k.add_argument("--out", default="benchmarks/results")
+    k.add_argument("--ops", default=None, help="comma-separated subset of " + ",".join(
+        ["falcon-1", "falcon-2", "falcon-3", "falcon-1A", "falcon-2A", "falcon-3A", "fla_chunk_delta_rule",
+         "sdpa_flash", "torch_chunk_falcon-1"]))
+    k.add_argument("--quick", action="store_true", help="first shape only")
+    c = sub.add_parser("check", help="GPU correctness check of the Triton kernels")
+    c.add_argument("--out", default="benchmarks/results")
+    c.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("falcon_lab.bench needs a CUDA GPU (the Triton kernels are checked on CPU by tests/test_triton_*.py)")
+    if a.cmd == "kernels":
+        from falcon_lab.benchmarking.kernels import OPS, SHAPES, run
+
+        ops = a.ops.split(",") if a.ops else OPS
+        bad = [o for o in ops if o not in OPS]
+        if bad:
+            sys.exit(f"--ops: unknown op(s) {bad}; choose from {OPS}")
+        run(a.out, ops=ops, shapes=SHAPES[:1] if a.quick else SHAPES, profile=a.profile)
+    else:
+        from falcon_lab.benchmarking.gpu_check import main as check
+
+        sys.exit(1 if check(["--out", a.out] + (["--quick"] if a.quick else [])) else 0)
+
+
+if __name__ == "__main__":
+    main()

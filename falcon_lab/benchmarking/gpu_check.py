@@ -1,0 +1,248 @@
+"""GPU correctness check of backend="triton" (run on the H200; no timing here).
+
+    python -m falcon_lab.benchmarking.gpu_check --out benchmarks/results
+
+1. The Triton core against a float64 step-by-step loop (ref64.py) at real sizes: T up to 8192,
+   K = V in {16, 64, 128}, chunk 16/32/64, awkward T, bf16 and fp32, forward and backward (q, xw, vw,
+   η, log γ, S0 and through S_T), with outputs allocated NaN-poisoned (FALCON_TRITON_POISON=1) so an
+   unwritten element fails.
+2. The public op chunk_falcon(backend="triton") against recurrent_falcon (float64) with ragged
+   cu_seqlens and a continuation split, forward and backward.
+3. The fused decode step inside a CUDA graph against recurrent_falcon, every variant.
+Writes triton_check_h200.json (every row) and triton_check_h200.md (error per variant per tensor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("FALCON_TRITON_POISON", "1")
+
+import torch  # noqa: E402
+
+from falcon_lab.benchmarking.ref64 import make_core_inputs, ref_core, rel_err  # noqa: E402
+
+TOL = {"float32": (1e-4, 1e-4), "bfloat16": (2e-2, 4e-2)}  # (forward, gradients): ours
+
+
+def check_core(*, variant, B, T, H, K, V, C, dtype, read_after=True, strong=False, seed=0, dev="cuda"):
+    from falcon_lab.kernels.triton import core
+
+    delta = variant in ("1", "3")
+    W = 4 if variant in ("3", "3A") else 1
+    q, xw, vw, eta, g, S0 = make_core_inputs(B, T, H, K, V, W, strong=strong, seed=seed, device=dev)
+    dt = getattr(torch, dtype)
+    q, xw, vw = (t.to(dt).double() for t in (q, xw, vw))  # the reference sees the rounded inputs
+    eta, g, S0 = (t.float().double() for t in (eta, g, S0))
+    ins = [t.clone().requires_grad_(True) for t in (q, xw, vw, eta, g, S0)]
+    o_ref, s_ref = ref_core(*ins, delta=delta, window=W, read_after=read_after)
+    gen = torch.Generator(device="cpu").manual_seed(seed + 1)
+    do = torch.randn(o_ref.shape, generator=gen, dtype=torch.float64).to(dev)
+    ds = torch.randn(s_ref.shape, generator=gen, dtype=torch.float64).to(dev)
+    gref = torch.autograd.grad((o_ref * do).sum() + (s_ref * ds).sum(), ins)
+    kin = [t.detach().to(dt).requires_grad_(True) for t in (q, xw, vw)]
+    kin += [t.detach().float().requires_grad_(True) for t in (eta, g, S0)]
+    o, s = core(*kin, delta=delta, window=W, read_after=read_after, chunk_size=C)
+    gk = torch.autograd.grad((o.double() * do).sum() + (s.double() * ds).sum(), kin)
+    res = {"o": rel_err(o, o_ref), "S_T": rel_err(s, s_ref)}
+    for n, a, b in zip(["q", "xw", "vw", "eta", "g", "S0"], gk, gref):
+        res["d" + n] = rel_err(a, b)
+    return res
+
+
+def check_api(*, variant, dtype, K, seed=0, dev="cuda"):
+    """Ragged varlen + continuation through the public op, forward and backward."""
+    from falcon_lab.kernels import chunk_falcon, recurrent_falcon
+
+    torch.manual_seed(seed)
+    H, V = 2, K
+    lens = [1, 37, 200, 64, 515] if dev == "cuda" else [1, 7, 30]
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=dev)
+    Tt = int(cu[-1])
+    dt = getattr(torch, dtype)
+    nrm = lambda t: t / t.norm(dim=-1, keepdim=True)  # noqa: E731
+    q = nrm(torch.randn(1, Tt, H, K, device=dev, dtype=torch.float64)).to(dt).double()
+    k = nrm(torch.randn(1, Tt, H, K, device=dev, dtype=torch.float64)).to(dt).double()
+    v = torch.randn(1, Tt, H, V, device=dev, dtype=torch.float64).to(dt).double()
+    beta = (torch.rand(1, Tt, H, device=dev, dtype=torch.float64) * 1.8).float().double()
+    lam = (torch.rand(1, Tt, H, device=dev, dtype=torch.float64) * 0.5).float().double()
+    kw = dict(variant=variant, window=4, lam_mode="scaled")
+    ins = [t.clone().requires_grad_(True) for t in (q, k, v, beta, lam)]
+    o_ref, _ = recurrent_falcon(*ins, cu_seqlens=cu, **kw)
+    do = torch.randn_like(o_ref)
+    gref = torch.autograd.grad((o_ref * do).sum(), ins)
+    kin = [t.detach().to(dt).requires_grad_(True) for t in (q, k, v)] + \
+          [t.detach().float().requires_grad_(True) for t in (beta, lam)]
+    o, _ = chunk_falcon(*kin, cu_seqlens=cu, backend="triton", **kw)
+    gk = torch.autograd.grad((o.double() * do).sum(), kin)
+    res = {"o": rel_err(o, o_ref)}
+    for n, a, b in zip(["q", "k", "v", "beta", "lam"], gk, gref):
+        res["d" + n] = rel_err(a, b)
+    # continuation: one sequence of 777 split at 300
+    T, cut = (777, 300) if dev == "cuda" else (50, 21)
+    q2, k2, v2 = (torch.randn(2, T, H, K, device=dev).to(dt) for _ in range(3))
+    q2, k2 = nrm(q2.float()).to(dt), nrm(k2.float()).to(dt)
+    b2 = torch.rand(2, T, H, device=dev) * 1.8
+    l2 = torch.rand(2, T, H, device=dev) * 0.5
+    full, _ = recurrent_falcon(*(t.double() for t in (q2, k2, v2, b2, l2)), **kw)
+    o1, st = chunk_falcon(q2[:, :cut], k2[:, :cut], v2[:, :cut], b2[:, :cut], l2[:, :cut],
+                          output_final_state=True, backend="triton", **kw)
+    o2, _ = chunk_falcon(q2[:, cut:], k2[:, cut:], v2[:, cut:], b2[:, cut:], l2[:, cut:],
+                         initial_state=st, backend="triton", **kw)
+    res["o_continuation"] = rel_err(torch.cat([o1, o2], 1), full)
+    return res
+
+
+def check_decode_graph(*, variant, K=64, dev="cuda"):
+    """recurrent decoding T = 1 through the public op, captured in a CUDA graph and replayed."""
+    from falcon_lab.kernels import chunk_falcon, recurrent_falcon
+
+    torch.manual_seed(3)
+    B, H, V, T = 2, 3, K, 12
+    per_col = variant in ("2", "2A")
+    nrm = lambda t: t / t.norm(dim=-1, keepdim=True)  # noqa: E731
+    q, k = (nrm(torch.randn(B, T, H, K, device=dev)) for _ in range(2))
+    v = torch.randn(B, T, H, V, device=dev)
+    beta = torch.rand(B, T, H, V, device=dev) * 1.8 if per_col else torch.rand(B, T, H, device=dev) * 1.8
+    lam = torch.rand(B, T, H, device=dev) * 0.5
+    kw = dict(variant=variant, window=4, lam_mode="scaled")
+    o_ref, _ = recurrent_falcon(*(t.double() for t in (q, k, v, beta, lam)), **kw)
+    with torch.no_grad():
+        _, st = chunk_falcon(q[:, :4], k[:, :4], v[:, :4], beta[:, :4], lam[:, :4],
+                             output_final_state=True, backend="triton", **kw)
+        # static buffers for the graph
+        bufs = [t[:, 4:5].clone() for t in (q, k, v, beta, lam)]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):  # warm-up (compiles)
+                chunk_falcon(*bufs, initial_state=st, output_final_state=True, backend="triton", **kw)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            o_g, st_g = chunk_falcon(*bufs, initial_state=st, output_final_state=True, backend="triton", **kw)
+        outs = []
+        for t in range(4, T):
+            for b_, src in zip(bufs, (q, k, v, beta, lam)):
+                b_.copy_(src[:, t:t + 1])
+            graph.replay()
+            outs.append(o_g.clone())
+            # carry the new state into the static input state
+            st.S.copy_(st_g.S)
+            st.last_k.copy_(st_g.last_k)
+            st.seen.copy_(st_g.seen)
+            if st.tail_x is not None:
+                st.tail_x.copy_(st_g.tail_x)
+                st.tail_v.copy_(st_g.tail_v)
+        torch.cuda.synchronize()
+    return {"o_graph_decode": rel_err(torch.cat(outs, 1), o_ref[:, 4:])}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--quick", action="store_true", help="a few configurations only")
+    args = ap.parse_args(argv)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    from falcon_lab.kernels.triton import supports
+
+    rows = []
+    t0 = time.time()
+    cfgs = []
+    for variant in ("1", "1A", "3A", "2", "2A", "3"):
+        for dtype in ("bfloat16", "float32"):
+            cfgs.append(dict(variant=variant, B=1, T=8192, H=2, K=128, V=128, C=64, dtype=dtype))
+            for K in (16, 64, 128):
+                for C in (16, 32, 64):
+                    if args.quick and (C != 64 or K == 16):
+                        continue
+                    cfgs.append(dict(variant=variant, B=2, T=1000, H=2, K=K, V=K, C=C, dtype=dtype))
+        cfgs.append(dict(variant=variant, B=2, T=333, H=2, K=64, V=32, C=32, dtype="float32", read_after=False))
+        cfgs.append(dict(variant=variant, B=1, T=640, H=2, K=64, V=64, C=64, dtype="float32", strong=True))
+    for i, c in enumerate(cfgs):
+        delta = c["variant"] in ("1", "3")
+        per_col = c["variant"] in ("2", "2A")
+        W = 4 if c["variant"] in ("3", "3A") else 1
+        row = dict(kind="core", **c)
+        if not supports(per_column=per_col, delta=delta, window=W):
+            row.update(status="not implemented in Triton")
+            rows.append(row)
+            continue
+        try:
+            res = check_core(seed=i, **c)
+            ftol, gtol = TOL[c["dtype"]]
+            ok = all(v <= (ftol if k in ("o", "S_T") else gtol) for k, v in res.items())
+            row.update(errors=res, status="pass" if ok else "FAIL")
+        except Exception as e:  # recorded, not hidden
+            row.update(status=f"ERROR {type(e).__name__}: {e}"[:300])
+        rows.append(row)
+        print(f"[{time.time() - t0:6.1f}s] {row['status']:5s} {c} {row.get('errors', '')}", flush=True)
+    for variant in ("1", "1A", "3A", "2", "2A", "3"):
+        for dtype in ("bfloat16", "float32"):
+            row = dict(kind="api-varlen-continuation", variant=variant, dtype=dtype, K=64)
+            try:
+                res = check_api(variant=variant, dtype=dtype, K=64)
+                ftol, gtol = TOL[dtype]
+                ok = all(v <= (ftol if k.startswith("o") else gtol) for k, v in res.items())
+                row.update(errors=res, status="pass" if ok else "FAIL")
+            except NotImplementedError as e:
+                row.update(status=f"not implemented: {e}"[:200])
+            except Exception as e:
+                row.update(status=f"ERROR {type(e).__name__}: {e}"[:300])
+            rows.append(row)
+            print(f"[{time.time() - t0:6.1f}s] {row['status'][:5]:5s} api {variant} {dtype} {row.get('errors', '')}", flush=True)
+        row = dict(kind="decode-cuda-graph", variant=variant, dtype="float32", K=64)
+        try:
+            res = check_decode_graph(variant=variant)
+            row.update(errors=res, status="pass" if res["o_graph_decode"] <= 1e-4 else "FAIL")
+        except Exception as e:
+            row.update(status=f"ERROR {type(e).__name__}: {e}"[:300])
+        rows.append(row)
+        print(f"[{time.time() - t0:6.1f}s] {row['status'][:5]:5s} decode-graph {variant} {row.get('errors', '')}", flush=True)
+
+    import triton
+
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                commit=os.environ.get("FALCON_COMMIT", "unknown"), poisoned_outputs=True,
+                tolerances={k: {"forward": a, "gradients": b} for k, (a, b) in TOL.items()},
+                seconds=round(time.time() - t0, 1))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "triton_check_h200.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    (out / "triton_check_h200.md").write_text(to_markdown(meta, rows))
+    n_fail = sum(r["status"] not in ("pass",) and not r["status"].startswith("not implemented") for r in rows)
+    print(f"done: {len(rows)} rows, {n_fail} failing/erroring, {meta}")
+    return n_fail
+
+
+def to_markdown(meta, rows):
+    lines = [f"# Triton kernel check on {meta['gpu']} (torch {meta['torch']}, triton {meta['triton']}, "
+             f"commit {meta['commit']})", "",
+             "Relative error ‖out − ref‖/‖ref‖ against a float64 loop (inputs rounded to the kernel dtype first); "
+             f"outputs NaN-poisoned before each run. Tolerances (ours): {meta['tolerances']}.", ""]
+    keys = ["o", "S_T", "dq", "dxw", "dvw", "deta", "dg", "dS0"]
+    lines.append("| variant | B×T×H | K/V | C | dtype | read | status | " + " | ".join(keys) + " |")
+    lines.append("|---|---|---|---|---|---|---|" + "---|" * len(keys))
+    for r in rows:
+        if r["kind"] != "core":
+            continue
+        e = r.get("errors", {})
+        lines.append(f"| {r['variant']} | {r['B']}×{r['T']}×{r['H']} | {r['K']}/{r['V']} | {r['C']} | {r['dtype']} | "
+                     f"{'before' if r.get('read_after') is False else 'after'}{' strong-decay' if r.get('strong') else ''} | "
+                     f"{r['status']} | " + " | ".join(f"{e[k]:.1e}" if k in e else "–" for k in keys) + " |")
+    lines += ["", "## Public op (ragged cu_seqlens, continuation) and CUDA-graph decode", "",
+              "| kind | variant | dtype | status | errors |", "|---|---|---|---|---|"]
+    for r in rows:
+        if r["kind"] == "core":
+            continue
+        e = ", ".join(f"{k} {v:.1e}" for k, v in r.get("errors", {}).items())
+        lines.append(f"| {r['kind']} | {r['variant']} | {r['dtype']} | {r['status']} | {e} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(1 if main() else 0)

@@ -1,0 +1,256 @@
+"""Kernel benchmark: the six Falcon ops (backend="triton"), fla chunk_delta_rule, SDPA flash
+attention (causal) and the torch chunk form, in ONE run, at the issue's bf16 shapes.
+
+Every op is first checked against a float64 reference at a small shape (B=1, T=256, H=2, same K/V);
+an op that fails (or does not exist) gets no speed numbers, only a note. Timing: forward and
+forward+backward medians of triton.testing.do_bench after warm-up; peak memory of one forward+backward
+(torch.cuda.max_memory_allocated, inputs included). Also reports the bandwidth-floor fraction:
+the bytes that must move (inputs read once, outputs written once; forward+backward also reads dO and
+the inputs again and writes their gradients) over 4.8 TB/s, divided by the measured time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = [(16, 2048, 12, 64), (4, 8192, 12, 64), (16, 2048, 6, 128), (1, 32768, 6, 128)]
+FALCON = ["falcon-1", "falcon-2", "falcon-3", "falcon-1A", "falcon-2A", "falcon-3A"]
+OPS = FALCON + ["fla_chunk_delta_rule", "sdpa_flash", "torch_chunk_falcon-1"]
+HBM_BPS = 4.8e12  # H200 datasheet
+WINDOW = 4
+
+
+def _commit():
+    if os.environ.get("FALCON_COMMIT"):
+        return os.environ["FALCON_COMMIT"]
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except Exception:
+        return "unknown"
+
+
+def make_inputs(op, B, T, H, K, V, dtype=torch.bfloat16, dev="cuda", seed=0):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    nrm = lambda t: t / t.float().norm(dim=-1, keepdim=True).to(t.dtype)  # noqa: E731
+    q = nrm(torch.randn(B, T, H, K, device=dev, dtype=dtype, generator=g))
+    k = nrm(torch.randn(B, T, H, K, device=dev, dtype=dtype, generator=g))
+    v = torch.randn(B, T, H, V, device=dev, dtype=dtype, generator=g)
+    if op.startswith("falcon") or op.startswith("torch_chunk"):
+        variant = op.split("-")[-1]
+        per_col = variant in ("2", "2A")
+        beta = (torch.rand(B, T, H, V, device=dev, generator=g) if per_col
+                else torch.rand(B, T, H, device=dev, generator=g)) * 1.8
+        lam = torch.rand(B, T, H, device=dev, generator=g) * 0.5
+        return [q, k, v, beta.to(dtype), lam.to(dtype)]
+    if op == "fla_chunk_delta_rule":
+        beta = torch.rand(B, T, H, device=dev, generator=g).to(dtype)
+        return [q, k, v, beta]
+    return [q, k, v]
+
+
+def make_fn(op):
+    if op.startswith("falcon") or op.startswith("torch_chunk"):
+        from falcon_lab.kernels import chunk_falcon
+
+        variant = op.split("-")[-1]
+        backend = "torch" if op.startswith("torch_chunk") else "triton"
+
+        def fn(q, k, v, beta, lam):
+            return chunk_falcon(q, k, v, beta, lam, variant=variant, window=WINDOW, lam_mode="scaled",
+                                backend=backend)[0]
+        return fn
+    if op == "fla_chunk_delta_rule":
+        from fla.ops.delta_rule import chunk_delta_rule
+
+        def fn(q, k, v, beta):
+            return chunk_delta_rule(q, k, v, beta, scale=1.0)[0]
+        return fn
+    if op == "sdpa_flash":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def fn(q, k, v):
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            return o.transpose(1, 2)
+        return fn
+    raise ValueError(f"unknown op {op!r}")
+
+
+def reference(op, ins):
+    """float64 reference output for the correctness gate."""
+    x = [t.detach().double() for t in ins]
+    if op.startswith("falcon") or op.startswith("torch_chunk"):
+        from falcon_lab.kernels import recurrent_falcon
+
+        return recurrent_falcon(*x, variant=op.split("-")[-1], window=WINDOW, lam_mode="scaled")[0]
+    if op == "fla_chunk_delta_rule":
+        from falcon_lab.benchmarking.ref64 import ref_core
+
+        q, k, v, beta = x
+        return ref_core(q, k, v, beta, torch.zeros_like(beta), None, delta=True, window=1, read_after=True)[0]
+    q, k, v = (t.transpose(1, 2) for t in x)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    T = q.shape[2]
+    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return (s.softmax(-1) @ v).transpose(1, 2)
+
+
+def correctness(op, K, V, tol=2e-2):
+    """Forward and input-gradient check against float64 at (1, 256, 2, K, V)."""
+    ins = [t.requires_grad_(True) for t in make_inputs(op, 1, 256, 2, K, V, seed=1)]
+    fn = make_fn(op)
+    o = fn(*ins)
+    do = torch.randn_like(o)
+    gk = torch.autograd.grad((o.float() * do.float()).sum(), ins[:3])
+    rins = [t.detach().double().requires_grad_(True) for t in ins]
+    ro = reference(op, rins)
+    gr = torch.autograd.grad((ro * do.double()).sum(), rins[:3])
+    from falcon_lab.benchmarking.ref64 import rel_err
+
+    errs = {"o": rel_err(o, ro)}
+    errs.update({f"d{n}": rel_err(a, b) for n, a, b in zip("qkv", gk, gr)})
+    return all(e <= tol for e in errs.values()), errs
+
+
+def bytes_floor(op, B, T, H, K, V, fwd: bool):
+    el = 2  # bf16
+    n = B * T * H
+    gates = 0
+    if op.startswith("falcon") or op.startswith("torch_chunk"):
+        gates = n * (V if op.endswith("2") or op.endswith("2A") else 1) + n  # beta, lam
+    elif op == "fla_chunk_delta_rule":
+        gates = n
+    fwd_b = el * (n * (2 * K + V) + gates + n * V)  # read q, k, v, gates; write o
+    if fwd:
+        return fwd_b
+    bwd_b = el * (n * (2 * K + V) + gates + n * V + n * (2 * K + V) + gates)  # read again + dO; write grads
+    return fwd_b + bwd_b
+
+
+def time_op(op, shape, profile_dir=None):
+    import triton
+
+    B, T, H, K = shape
+    V = K
+    ins = [t.requires_grad_(True) for t in make_inputs(op, B, T, H, K, V)]
+    fn = make_fn(op)
+    with torch.no_grad():
+        fwd = triton.testing.do_bench(lambda: fn(*ins), warmup=50, rep=200, return_mode="median")
+    do = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16)
+
+    def fb():
+        fn(*ins).backward(do)
+
+    fwdbwd = triton.testing.do_bench(fb, warmup=50, rep=200, grad_to_none=ins, return_mode="median")
+    torch.cuda.synchronize()
+    for t in ins:
+        t.grad = None
+    torch.cuda.reset_peak_memory_stats()
+    fb()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 2 ** 20
+    if profile_dir is not None:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                fb()
+            torch.cuda.synchronize()
+        name = f"{op}_{B}x{T}x{H}x{K}"
+        prof.export_chrome_trace(str(Path(profile_dir) / f"trace_{name}.json"))
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+        (Path(profile_dir) / f"profile_{name}.txt").write_text(table)
+    del ins
+    return fwd, fwdbwd, peak
+
+
+def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
+    import triton
+
+    ops = ops or OPS
+    shapes = shapes or SHAPES
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                commit=_commit())
+    rows = []
+    t0 = time.time()
+    checked = {}
+    for shape in shapes:
+        B, T, H, K = shape
+        for op in ops:
+            key = (op, K)
+            row = dict(op=op, B=B, T=T, H=H, K=K, V=K, window=WINDOW if op in ("falcon-3", "falcon-3A") else 1,
+                       dtype="bfloat16", fwd_ms=None, fwdbwd_ms=None, peak_mem_mb=None, **meta)
+            if key not in checked:
+                try:
+                    ok, errs = correctness(op, K, K)
+                    checked[key] = (ok, errs, None)
+                except Exception as e:
+                    checked[key] = (False, None, f"{type(e).__name__}: {e}"[:300])
+            ok, errs, err = checked[key]
+            row["check_errors"] = errs
+            if not ok:
+                row["note"] = err or f"failed its float64 correctness check: {errs}; speed not reported"
+                rows.append(row)
+                print(f"[{time.time() - t0:6.1f}s] {op:22s} {shape} NOT TIMED: {row['note'][:150]}", flush=True)
+                continue
+            try:
+                prof = str(out) if (profile and shape == shapes[0] and op in ("falcon-1", "falcon-1A", "fla_chunk_delta_rule")) else None
+                fwd, fwdbwd, peak = time_op(op, shape, profile_dir=prof)
+                row.update(fwd_ms=round(fwd, 4), fwdbwd_ms=round(fwdbwd, 4), peak_mem_mb=round(peak, 1))
+                row["bw_floor_frac_fwd"] = round(bytes_floor(op, B, T, H, K, K, True) / HBM_BPS * 1e3 / fwd, 4)
+                row["bw_floor_frac_fwdbwd"] = round(bytes_floor(op, B, T, H, K, K, False) / HBM_BPS * 1e3 / fwdbwd, 4)
+            except Exception as e:
+                row["note"] = f"timing failed: {type(e).__name__}: {e}"[:300]
+            rows.append(row)
+            print(f"[{time.time() - t0:6.1f}s] {op:22s} {shape} fwd {row['fwd_ms']} ms fwd+bwd {row['fwdbwd_ms']} ms "
+                  f"peak {row['peak_mem_mb']} MB {row.get('note', '')[:100]}", flush=True)
+            torch.cuda.empty_cache()
+    (out / "kernels_h200.json").write_text(json.dumps(rows, indent=1))
+    plot(rows, out / "kernels_h200.png")
+    print(summary(rows))
+    (out / "kernels_h200.md").write_text(summary(rows))
+    return rows
+
+
+def summary(rows):
+    lines = ["| op | B×T×H×K | fwd ms | fwd+bwd ms | peak MB | floor frac fwd+bwd | note |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['op']} | {r['B']}×{r['T']}×{r['H']}×{r['K']} | {r['fwd_ms']} | {r['fwdbwd_ms']} | "
+                     f"{r['peak_mem_mb']} | {r.get('bw_floor_frac_fwdbwd')} | {r.get('note', '')[:80]} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    shapes = sorted({(r["B"], r["T"], r["H"], r["K"]) for r in rows}, key=lambda s: (s[3], s[1]))
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 4.5), squeeze=False)
+    for ax, s in zip(axes[0], shapes):
+        vals = {r["op"]: r["fwdbwd_ms"] for r in rows if (r["B"], r["T"], r["H"], r["K"]) == s}
+        ys = [vals.get(o) or 0.0 for o in ops]
+        ax.barh(range(len(ops)), ys, color=["C0" if o.startswith("falcon") else "C1" for o in ops])
+        for j, y in enumerate(ys):
+            ax.text(y, j, f" {y:.2f}" if y else " n/a", va="center", fontsize=7)
+        ax.set_yticks(range(len(ops)))
+        ax.set_yticklabels(ops, fontsize=7)
+        ax.set_title(f"B={s[0]} T={s[1]} H={s[2]} K=V={s[3]}", fontsize=9)
+        ax.set_xlabel("fwd+bwd ms (median, bf16)")
+    fig.suptitle(f"{rows[0]['gpu']}  torch {rows[0]['torch']}  triton {rows[0]['triton']}  {rows[0]['commit']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
