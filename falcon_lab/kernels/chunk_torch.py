@@ -14,7 +14,9 @@ Per chunk, with u the inclusive log-decay prefix, u⁻ the exclusive one, u^r = 
 
 (regression / "delta"; the inner-product forms are the same with R = V_p, and use a banded window
 matrix instead of pseudo-tokens). For Falcon-3 the time chunk is chunk_size // W so that the
-block-triangular system stays chunk_size pseudo-tokens wide (falcon-math.md §6.6, trick 4: ours).
+block-triangular system stays chunk_size pseudo-tokens wide (falcon-math.md §6.6, trick 4: ours);
+for Falcon-2/2A, whose decay masks are per value column, time is tiled by at most 16 steps (ours).
+The tiling changes cost only: every tile size gives the same result to rounding.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+
+PER_COLUMN_TILE = 16  # ours: the inner time tile of Falcon-2/2A (exact for any value)
 
 
 def _masked_exp(diff: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -54,7 +59,12 @@ def core_chunk(
     per_col = eta.dim() == 4
     if per_col and W != 1:
         raise NotImplementedError("per-column gates with a window > 1 are not a Falcon variant")
-    C = max(1, chunk_size // W) if (delta and W > 1) else chunk_size
+    if per_col:  # per-column decay masks cost C*V per token: tile time by at most 16 steps
+        C = min(chunk_size, PER_COLUMN_TILE)
+    elif delta and W > 1:  # keep the (C/W)*W pseudo-token system chunk_size wide
+        C = max(1, chunk_size // W)
+    else:
+        C = chunk_size
     N = math.ceil(T / C)
     pad = N * C - T
 
@@ -128,26 +138,33 @@ def core_chunk(
 
 
 def _per_column(qc, xs, vs, ec, u, u_prev, u_read, m_read, m_strict, S, delta):
-    """Falcon-2 / 2A: one decay and step per value column; the C x C systems cannot share an
-    inverse (falcon-math.md §6.5), so each chunk solves V unit-triangular systems."""
+    """Falcon-2 / 2A: one decay and step per value column. The per-column decay masks are
+    [C, C, V] per chunk (the C x C systems cannot share an inverse, falcon-math.md §6.5), so the
+    caller tiles time by at most 16 steps; all state-independent work is batched over chunks."""
     N = qc.shape[2]
+    A = qc @ xs.transpose(-1, -2)  # [B,H,N,C,C]
+    Dr = _masked_exp(u_read[..., :, None, :] - u[..., None, :, :], m_read[..., None])  # [B,H,N,C,C,V]
+    AD = A[..., None] * Dr * ec[..., None, :, :]  # read-out weights, per column
+    w_end = (u[..., -1:, :] - u).exp() * ec  # [B,H,N,C,V]
+    decay_last = u[..., -1, :].exp()[..., None, :]  # [B,H,N,1,V]
+    q_dec = u_read.exp()  # [B,H,N,C,V]
     outs = []
-    for n in range(N):
-        qn, xn, vn, en = qc[:, :, n], xs[:, :, n], vs[:, :, n], ec[:, :, n]  # [B,H,C,*]
-        un, upn, urn = u[:, :, n], u_prev[:, :, n], u_read[:, :, n]  # [B,H,C,V]
-        if delta:
-            G = xn @ xn.transpose(-1, -2)  # [B,H,C,C]
-            Ds = _masked_exp(upn[:, :, :, None, :] - un[:, :, None, :, :], m_strict[..., None])
-            Lc = (G[..., None] * Ds * en[:, :, None, :, :]).permute(0, 1, 4, 2, 3)  # [B,H,V,C,C]
-            rhs = (vn - upn.exp() * (xn @ S)).transpose(-1, -2)[..., None]  # [B,H,V,C,1]
-            R = torch.linalg.solve_triangular(Lc, rhs, upper=False, unitriangular=True)
+    if not delta:
+        o_intra = (AD * vs[..., None, :, :]).sum(-2)
+        kv = xs.transpose(-1, -2) @ (w_end * vs)  # [B,H,N,K,V]
+        for n in range(N):
+            outs.append(o_intra[:, :, n] + q_dec[:, :, n] * (qc[:, :, n] @ S))
+            S = decay_last[:, :, n] * S + kv[:, :, n]
+    else:
+        G = xs @ xs.transpose(-1, -2)
+        Ds = _masked_exp(u_prev[..., :, None, :] - u[..., None, :, :], m_strict[..., None])
+        Lc = (G[..., None] * Ds * ec[..., None, :, :]).permute(0, 1, 2, 5, 3, 4)  # [B,H,N,V,C,C]
+        r_dec = u_prev.exp()
+        for n in range(N):
+            xn = xs[:, :, n]
+            rhs = (vs[:, :, n] - r_dec[:, :, n] * (xn @ S)).transpose(-1, -2)[..., None]  # [B,H,V,C,1]
+            R = torch.linalg.solve_triangular(Lc[:, :, n], rhs, upper=False, unitriangular=True)
             R = R[..., 0].transpose(-1, -2)  # [B,H,C,V]
-        else:
-            R = vn
-        Dr = _masked_exp(urn[:, :, :, None, :] - un[:, :, None, :, :], m_read[..., None])
-        A = qn @ xn.transpose(-1, -2)
-        o_n = urn.exp() * (qn @ S) + torch.einsum("bhis,bhisv,bhsv->bhiv", A, Dr, en * R)
-        w_end = (un[:, :, -1:, :] - un).exp() * en
-        S = un[:, :, -1, None, :].exp() * S + xn.transpose(-1, -2) @ (w_end * R)
-        outs.append(o_n)
+            outs.append(q_dec[:, :, n] * (qc[:, :, n] @ S) + (AD[:, :, n] * R[:, :, None]).sum(-2))
+            S = decay_last[:, :, n] * S + xn.transpose(-1, -2) @ (w_end[:, :, n] * R)
     return torch.stack(outs, dim=2), S
