@@ -97,17 +97,26 @@ def _check(q, k, v, beta, lam, variant, window, step, lam_mode, shift, read, eps
             raise _err("initial_state", "incompatible with this call: " + "; ".join(mism))
 
 
-def _pick_core(backend, q):
-    if backend is None:
-        backend = "triton" if q.is_cuda else "torch"
-    if backend == "torch":
-        from .chunk_torch import core_chunk
-        return core_chunk
-    try:
-        from .triton import core as triton_core  # noqa: F401
-    except ImportError as e:  # pragma: no cover - depends on the kernel build
-        raise NotImplementedError(f"backend='triton' is not available: {e}") from e
-    return triton_core
+def _pick_core(backend, q, *, per_column, delta, window, grad):
+    """backend=None: Triton on CUDA tensors where a Triton path exists for this configuration,
+    else the chunked PyTorch form (which runs anywhere)."""
+    if backend in (None, "triton") and (q.is_cuda or backend == "triton"):
+        try:
+            from . import triton as tk
+        except ImportError as e:  # pragma: no cover - depends on the Triton install
+            if backend == "triton":
+                raise NotImplementedError(f"backend='triton' is not available: {e}") from e
+            tk = None
+        if tk is not None:
+            ok = tk.supports(per_column=per_column, delta=delta, window=window, T=q.shape[1], grad=grad)
+            if ok:
+                return tk.core
+            if backend == "triton":
+                raise NotImplementedError(
+                    f"backend='triton' has no kernel yet for per_column={per_column}, delta={delta}, "
+                    f"window={window}; use backend='torch' or backend=None (falls back to torch)")
+    from .chunk_torch import core_chunk
+    return core_chunk
 
 
 def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read, eps, eps_gamma,
@@ -142,7 +151,9 @@ def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read,
         o, S = core_recurrent(q, inp.xw, inp.vw, inp.eta, inp.g, S0, delta=delta, window=W,
                               read_after=(read == "after"))
     else:
-        core = _pick_core(backend, q)
+        grad = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (q, k, v, beta, lam, *( [S0] if S0 is not None else [])))
+        core = _pick_core(backend, q, per_column=per_column, delta=delta, window=W, grad=grad)
         o, S = core(q, inp.xw, inp.vw, inp.eta, inp.g, S0, delta=delta, window=W,
                     read_after=(read == "after"), chunk_size=chunk_size)
     final = None
