@@ -111,7 +111,7 @@ def test_evaluate_addition_reports_heldout_flags_and_ood():
     assert res.val_acc == 1.0
     assert res.ood[4].exact == 1.0 and res.ood[5].exact == 0.0
     m = res.metrics()
-    assert m["addition/ood_mean"] == 0.5 and m["addition/acc@4"] == 1.0 and m["addition/acc@5"] == 0.0
+    assert m["addition/ood_mean"] == 0.5 and m["addition/acc_d4"] == 1.0 and m["addition/acc_d5"] == 0.0
     assert [w for w, s in res.val.items() if not s.held_out] == [1, 2]
     assert res.val[3].held_out and "not held out" in res.notes[0]
 

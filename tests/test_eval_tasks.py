@@ -1,6 +1,8 @@
 """Task generators: addition answers are right at every width and format, held-out validation pairs
 never reach training, MQAR answers are recoverable by construction, passkey prompts fit."""
 import pytest
+import torch
+
 from falcon_lab.data.tasks.addition import FORMATS, AdditionTask, format_example, parse_answer
 from falcon_lab.data.tasks.mqar import MQARSpec, make_mqar, recover_answers
 from falcon_lab.data.tasks.passkey import QUESTION, make_passkey, passkey_grid
@@ -109,3 +111,35 @@ def test_passkey_fits_and_places_key():
     assert len(passkey_grid([200, 300], [0.0, 1.0], per_cell=2)) == 8
     with pytest.raises(ValueError, match="context_len"):
         make_passkey(20, 0.5)
+
+
+def test_task_datamodules_batches():
+    from omegaconf import OmegaConf
+
+    from falcon_lab.data import build_datamodule
+    dm = build_datamodule(OmegaConf.create({"name": "addition", "batch_size": 4, "val_per_width": 2}))
+    b = next(iter(dm.train_dataloader()))
+    tok = dm.tokenizer
+    for ids, lab in zip(b["input_ids"].tolist(), b["labels"].tolist()):
+        scored = [y for y in lab if y != -100]
+        first = next(i for i, y in enumerate(lab) if y != -100)
+        text = tok.decode(ids[:first + 1])
+        a, rest = text.split(" + ")
+        assert rest.endswith("=")  # loss starts right after "="
+        assert scored[-1] == tok.eos_id
+        assert tok.decode(scored[:-1]) == " " + f"{int(a) + int(rest[:-2]):0{len(a) + 1}d}"[::-1]
+        assert ids[first + 1:first + len(scored)] == scored[:-1]  # labels are the shifted inputs
+    assert sum(1 for _ in dm.val_dataloader()) >= 1
+    dm = build_datamodule(OmegaConf.create({"name": "mqar", "batch_size": 3, "seq_len": 32,
+                                            "num_kv_pairs": [2, 4]}))
+    b = next(iter(dm.train_dataloader()))
+    assert b["input_ids"].shape == (3, 32)
+    lab = b["labels"]
+    pos = (lab != -100).nonzero().tolist()
+    assert all(b["input_ids"][r, c + 1] == lab[r, c] for r, c in pos)
+    with pytest.raises(ValueError, match="bogus"):
+        build_datamodule(OmegaConf.create({"name": "addition", "bogus": 1}))
+    with pytest.raises(ValueError, match="data.num_kv_pairs"):
+        build_datamodule(OmegaConf.create({"name": "mqar", "seq_len": 16, "num_kv_pairs": 8}))
+    with pytest.raises(ValueError, match="data.seq_len"):
+        build_datamodule(OmegaConf.create({"name": "addition", "seq_len": 50}))

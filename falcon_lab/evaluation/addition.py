@@ -96,8 +96,8 @@ class AdditionResult:
         if self.ood:
             lo, hi = min(self.ood), max(self.ood)
             m[prefix + "ood_mean"] = self.ood_mean
-            m[prefix + f"acc@{lo}"] = self.ood[lo].exact
-            m[prefix + f"acc@{hi}"] = self.ood[hi].exact
+            m[prefix + f"acc_d{lo}"] = self.ood[lo].exact
+            m[prefix + f"acc_d{hi}"] = self.ood[hi].exact
             m[prefix + "ood_token_acc"] = sum(s.token_acc for s in self.ood.values()) / len(self.ood)
             fr = [s.free_exact for s in self.ood.values() if s.free_exact is not None]
             if fr:
@@ -189,7 +189,7 @@ def _lightning_callback_base():
 
 class AdditionEvalCallback(_lightning_callback_base()):
     """Evaluates addition every ``every_n_steps`` optimizer steps (and at the end of fit), logs
-    ``addition/val_acc``, ``addition/ood_mean``, ``addition/acc@33``, ``addition/acc@48`` to every
+    ``addition/val_acc``, ``addition/ood_mean``, ``addition/acc_d33``, ``addition/acc_d48`` to every
     logger at the global step, and keeps the best step by ID validation accuracy (ties go to the
     later step; ours). At the end it logs ``addition/best_step`` and the metrics at that step
     (``addition/best/...``), and writes ``addition_history.json`` to ``dirpath`` (and to MLflow).
@@ -261,3 +261,28 @@ class AdditionEvalCallback(_lightning_callback_base()):
                 exp, run_id = getattr(lg, "experiment", None), getattr(lg, "run_id", None)
                 if run_id and hasattr(exp, "log_artifact"):
                     exp.log_artifact(run_id, path)
+
+
+def callback_from_cfg(cfg, tokenizer=None, dirpath: str | None = None) -> "AdditionEvalCallback | None":
+    """The AdditionEvalCallback a training config asks for (``addition_eval`` node, data.name ==
+    "addition"), or None. ``training.run`` callers: ``callbacks=[callback_from_cfg(cfg)]``."""
+    node = cfg.get("addition_eval") if hasattr(cfg, "get") else None
+    if not node or cfg.data.get("name") != "addition":
+        return None
+    d = cfg.data
+    allowed = {"every_n_steps", "n_examples", "ood", "batch_size", "val_widths", "ood_widths"}
+    unknown = sorted(set(node.keys()) - allowed)
+    if unknown:
+        raise ValueError(f"addition_eval: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    task = AdditionTask(train_widths=tuple(d.get("train_widths", (1, 32))),
+                        ood_widths=tuple(d.get("ood_widths", (33, 48))), fmt=str(d.get("format", "paper")),
+                        val_per_width=int(d.get("val_per_width", 32)),
+                        min_pairs_for_holdout=int(d.get("min_pairs_for_holdout", 100_000)),
+                        seed=int(d.get("seed", 0)))
+    vw, ow = node.get("val_widths"), node.get("ood_widths")
+    return AdditionEvalCallback(task, tokenizer, every_n_steps=int(node.get("every_n_steps", 100)),
+                                n_examples=int(node.get("n_examples", 100)), ood=bool(node.get("ood", True)),
+                                eos_in_answer=bool(d.get("eos_in_answer", True)),
+                                batch_size=int(node.get("batch_size", 128)), dirpath=dirpath,
+                                val_widths=list(vw) if vw is not None else None,
+                                ood_widths=list(ow) if ow is not None else None)

@@ -6,7 +6,8 @@
 or wrap an in-memory model: ``FalconLabLM(model=m, tokenizer=tok)``. This module is imported by
 ``falcon_lab.evaluation`` (never by ``import falcon_lab``).
 
-- ``loglikelihood``: lm-eval's context/continuation split (TemplateLM), then one batched
+- ``loglikelihood``: lm-eval's context/continuation split (TemplateLM; contexts start with BOS
+  like every training document, ours), then one batched
   teacher-forced pass per batch (:func:`score_continuations`), inputs left-truncated to
   ``max_length``; empty contexts are conditioned on BOS (``prefix_token_id``; ours).
 - ``loglikelihood_rolling``: every token of the document predicted once, from BOS, in windows of
@@ -69,7 +70,10 @@ class FalconLabLM(TemplateLM):
         return self.tok.bos_id
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        return self.tok.encode(string)
+        # BOS first, as every training document starts (ours); lm-eval passes False for the
+        # continuation of an empty context, which is then conditioned on prefix_token_id = BOS
+        ids = self.tok.encode(string)
+        return ids if add_special_tokens is False else [self.tok.bos_id] + ids
 
     def tok_decode(self, tokens) -> str:
         return self.tok.decode(tokens)

@@ -192,10 +192,11 @@ class SourceUnavailable(RuntimeError):
 
 
 def load_texts(source: str, *, max_docs: int | None = None, max_chars: int | None = None,
-               corpus_cfg=None) -> list[str]:
+               data_cfg=None) -> list[str]:
     """Documents of ``source``:
 
-    - ``corpus``: the embedded corpus's validation split (the training data module's split);
+    - ``corpus``: the validation split of the checkpoint's training text (``data_cfg``; without one,
+      the embedded corpus's validation split);
     - ``text:PATH`` / ``*.txt``: a text file, documents separated by blank lines (ours);
     - ``jsonl:PATH`` / ``*.jsonl``: one JSON object per line with a ``text`` field;
     - ``wikitext``, ``lambada``, ``fineweb_edu``: through ``datasets`` when the hub (or its cache)
@@ -203,7 +204,7 @@ def load_texts(source: str, *, max_docs: int | None = None, max_chars: int | Non
       validation split, and the platform's FineWeb training shards skip those documents).
     """
     if source == "corpus":
-        docs = _corpus_val_texts(corpus_cfg)
+        docs = _corpus_val_texts(data_cfg)
     elif source.startswith("text:") or (source.endswith(".txt") and ":" not in source):
         path = source.split(":", 1)[1] if source.startswith("text:") else source
         docs = _read_text(path)
@@ -271,10 +272,18 @@ def _hub_texts(source, max_docs):
                                 f"{type(e).__name__}: {str(e)[:200]}") from e
 
 
-def _corpus_val_texts(corpus_cfg):
-    try:
-        from falcon_lab.data import corpus_texts  # provided by the data package
-    except ImportError as e:
-        raise SourceUnavailable("ppl source 'corpus': falcon_lab.data.corpus_texts is not available "
-                                f"({e})") from e
-    return corpus_texts(corpus_cfg, split="val")
+def _corpus_val_texts(data_cfg):
+    """Validation documents of the training data config (``data.name: lm``: the embedded corpus or
+    local text/jsonl, through the LM datamodule's own split)."""
+    if data_cfg is None:
+        from falcon_lab.data.corpus import load_kjv
+        return [d["text"] for d in load_kjv("validation")]
+    if data_cfg.get("name") != "lm":
+        raise SourceUnavailable(f"ppl source 'corpus': the checkpoint was trained on data.name="
+                                f"{data_cfg.get('name')!r}, which has no text corpus")
+    from falcon_lab.data import build_datamodule
+    docs = build_datamodule(data_cfg).documents("validation")
+    if docs is None:
+        raise SourceUnavailable("ppl source 'corpus': streamed sources (fineweb) have no document list; "
+                                "use ppl.sources=[fineweb_edu]")
+    return docs
