@@ -1,0 +1,22 @@
+"""The README's runnable examples run."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _block(tag):
+    text = (ROOT / "README.md").read_text()
+    m = re.search(rf"<!-- example:{tag}.*?-->\s*```python\n(.*?)```", text, re.S)
+    assert m, f"README example {tag!r} not found"
+    return m.group(1)
+
+
+def test_operator_example_runs():
+    code = _block("operators")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "torch.Size([2, 100, 4, 32]) torch.Size([2, 4, 32, 32])" in out.stdout
