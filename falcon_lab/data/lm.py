@@ -74,22 +74,16 @@ def _hash_split(docs: list[str], val_percent: float) -> dict[str, list[str]]:
 
 
 # ----------------------------------------------------------------------------------------- packing
-def tokenize_documents(docs, tokenizer, num_proc: int | None = None) -> np.ndarray:
-    """Encode documents with `datasets.map` (batched) and concatenate [BOS] doc [EOS] ... as int32."""
-    import datasets
-
-    ds = datasets.Dataset.from_dict({"text": list(docs)})
-
-    def enc(batch):
-        return {"ids": [tokenizer.encode(t, add_bos=True, add_eos=True) for t in batch["text"]]}
-
-    ds = ds.map(enc, batched=True, remove_columns=["text"], num_proc=num_proc,
-                load_from_cache_file=False, keep_in_memory=True, desc=None)
-    ds.set_format("numpy")
-    ids = ds["ids"]
-    if len(ids) == 0:
+def tokenize_documents(docs, tokenizer) -> np.ndarray:
+    """Concatenate [BOS] doc [EOS] ... as int32 (the byte tokenizer takes a numpy fast path)."""
+    docs = list(docs)
+    if not docs:
         return np.zeros(0, dtype=np.int32)
-    return np.concatenate([np.asarray(x, dtype=np.int32) for x in ids])
+    if hasattr(tokenizer, "encode_array"):
+        parts = [tokenizer.encode_array(t, add_bos=True, add_eos=True) for t in docs]
+    else:
+        parts = [np.asarray(tokenizer.encode(t, add_bos=True, add_eos=True), dtype=np.int32) for t in docs]
+    return np.concatenate(parts).astype(np.int32, copy=False)
 
 
 class PackedRows(Dataset):

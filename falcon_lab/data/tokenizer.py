@@ -29,6 +29,14 @@ class ByteTokenizer:
             ids.append(self.eos_id)
         return ids
 
+    def encode_array(self, text: str, add_bos: bool = False, add_eos: bool = False):
+        import numpy as np
+
+        body = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+        pre = [self.bos_id] if add_bos else []
+        post = [self.eos_id] if add_eos else []
+        return np.concatenate([np.asarray(pre, np.int32), body, np.asarray(post, np.int32)])
+
     def decode(self, ids: Iterable[int]) -> str:
         data = bytes(int(i) for i in ids if 0 <= int(i) < 256)
         return data.decode("utf-8", errors="replace")

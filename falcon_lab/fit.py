@@ -1,0 +1,37 @@
+"""`python -m falcon_lab.fit [overrides]`: train one model (Hydra app; `-m` for multirun, `--cfg job`,
+`experiment=NAME`, `hydra.searchpath=[file://DIR]` for your own experiment folders).
+
+With no arguments: a tiny Falcon-1A.3 on the embedded King James Bible, on CPU, in under 3 minutes."""
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig, open_dict
+
+
+@hydra.main(config_path="configs", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    from hydra.core.hydra_config import HydraConfig
+
+    from falcon_lab.training import run
+    from falcon_lab.training.mlflow import ui_command
+
+    if not cfg.get("run_dir"):
+        with open_dict(cfg):
+            cfg.run_dir = HydraConfig.get().runtime.output_dir
+    res = run(cfg)
+    print(f"\n[falcon_lab] done: {res['steps']} steps, best val/loss {res['val_loss']:.4f} "
+          f"(ppl {2.718281828 ** res['val_loss']:.2f})", flush=True)
+    if "val/shuffle_gap" in res["metrics"]:
+        print(f"[falcon_lab] real vs shuffled verse: +{res['metrics']['val/shuffle_gap']:.3f} nats/token for "
+              f"shuffled, real preferred in {100 * res['metrics']['val/shuffle_win_rate']:.0f}% of verses")
+    print(f"[falcon_lab] run dir: {res['run_dir']}\n[falcon_lab] checkpoint: {res['ckpt_path']}")
+    if res["run_id"]:
+        print(f"[falcon_lab] MLflow run {res['run_id']} (experiment {cfg.logger.experiment_name}); "
+              f"open the UI with:\n    {ui_command(res['tracking_uri'])}", flush=True)
+    return float(res["val_loss"])
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() is None or True else 1)

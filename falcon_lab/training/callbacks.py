@@ -1,0 +1,107 @@
+"""Callbacks: throughput + MFU at global_step, and an in-memory metric history (for plots and tests)."""
+from __future__ import annotations
+
+import time
+
+import lightning as L
+import torch
+
+# dense bf16 tensor-core peaks (FLOP/s); Lightning's table does not match "NVIDIA H200"
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
+
+
+def device_peak_flops(override=None):
+    if override:
+        return float(override)
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    for key, val in PEAK_FLOPS.items():
+        if key in name:
+            return val
+    return None
+
+
+class ThroughputMFU(L.Callback):
+    """Logs train/tokens_per_s and (where the peak is known) train/mfu = 3·F_fwd·tokens/s / peak."""
+
+    def __init__(self, tokens_per_step: int, flops_per_token_fwd: float, peak_flops=None, log_every: int = 1):
+        self.tokens_per_step = tokens_per_step
+        self.flops = 3.0 * flops_per_token_fwd  # forward + backward (2x)
+        self.peak = peak_flops
+        self.log_every = max(1, log_every)
+        self._t = None
+        self._step0 = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self._t is None:
+            self._t, self._step0 = time.perf_counter(), trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step == self._step0 or step % self.log_every:
+            return
+        now = time.perf_counter()
+        dt = now - self._t
+        steps = step - self._step0
+        self._t, self._step0 = now, step
+        if dt <= 0:
+            return
+        tps = self.tokens_per_step * steps / dt
+        pl_module.log("train/tokens_per_s", tps, on_step=True, on_epoch=False, rank_zero_only=True)
+        if self.peak:
+            pl_module.log("train/mfu", tps * self.flops / (self.peak * trainer.world_size),
+                          on_step=True, on_epoch=False, rank_zero_only=True)
+
+    def on_validation_start(self, trainer, pl_module):
+        self._val_t = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module):
+        if self._t is not None:  # do not count validation time as training time
+            self._t += time.perf_counter() - self._val_t
+
+
+class MetricHistory(L.Callback):
+    """Keeps every logged scalar per global_step: history[name] = [(step, value), ...]."""
+
+    def __init__(self):
+        self.history: dict[str, list[tuple[int, float]]] = {}
+
+    def _grab(self, trainer):
+        for k, v in trainer.callback_metrics.items():
+            if k.startswith(("train/", "val/")):
+                val = float(v)
+                lst = self.history.setdefault(k, [])
+                if not lst or lst[-1][0] != trainer.global_step:
+                    lst.append((trainer.global_step, val))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._grab(trainer)
+
+    def on_validation_end(self, trainer, pl_module):
+        self._grab(trainer)
+
+
+def plot_curves(history: dict, path: str) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in ("train/loss", "val/loss") if history.get(k)]
+    if not keys:
+        return None
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
+    for k in keys:
+        s, v = zip(*history[k])
+        ax[0].plot(s, v, label=k, marker="o" if k.startswith("val") else None, ms=3)
+    ax[0].set_xlabel("step"); ax[0].set_ylabel("loss (nats/token)"); ax[0].legend(); ax[0].grid(alpha=.3)
+    for k in ("train/lr", "train/tokens_per_s"):
+        if history.get(k):
+            s, v = zip(*history[k])
+            (ax[1] if k == "train/lr" else ax[1].twinx()).plot(s, v, label=k, color="C2" if k == "train/lr" else "C3")
+    ax[1].set_xlabel("step"); ax[1].set_title("lr (green), tokens/s (red)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,149 @@
+"""The LightningModule: next-token loss, AdamW (+ optional width-muP), warm-up + cosine, fp32 NLL metrics."""
+from __future__ import annotations
+
+import math
+import random
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from falcon_lab.models import build_model
+
+IGNORE = -100
+
+
+def mup_width_mult(model_cfg, optim_cfg) -> float:
+    mup = optim_cfg.get("mup") or {}
+    if not mup.get("enabled", False):
+        return 1.0
+    return float(model_cfg["d_model"]) / float(mup.get("base_width", 1024))
+
+
+def lr_lambda(warmup: int, max_steps: int, min_ratio: float):
+    """Linear warm-up to 1, then cosine to min_ratio at max_steps."""
+    def f(step):
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        prog = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * prog))
+    return f
+
+
+def shuffled_words(sentence: str, rng: random.Random) -> str:
+    words = sentence.split()
+    for _ in range(10):
+        perm = words[:]
+        rng.shuffle(perm)
+        if perm != words:
+            return " ".join(perm)
+    return " ".join(words[::-1])
+
+
+class LitLM(L.LightningModule):
+    def __init__(self, cfg: dict, vocab_size: int, tokenizer_name: str = "byte"):
+        super().__init__()
+        self.save_hyperparameters()
+        self.cfg = cfg
+        self.width_mult = mup_width_mult(cfg["model"], cfg["optim"])
+        self.model = build_model(cfg["model"], cfg["mixer"], vocab_size, logit_scale=1.0 / self.width_mult)
+        self.seq_len = int(cfg["data"]["seq_len"])
+        self._val_sum = None
+        self._val_cnt = None
+        self.check_sentences: list[str] | None = None
+        self.tokenizer = None
+
+    def forward(self, input_ids, cu_seqlens=None):
+        return self.model(input_ids, cu_seqlens=cu_seqlens)
+
+    def _nll(self, batch):
+        logits = self.model(batch["input_ids"], cu_seqlens=batch.get("cu_seqlens"))
+        labels = batch["labels"]
+        nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                              ignore_index=IGNORE, reduction="sum")
+        return nll, (labels != IGNORE).sum()
+
+    def training_step(self, batch, batch_idx):
+        nll, n = self._nll(batch)
+        loss = nll / n.clamp(min=1)
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        return loss
+
+    def on_validation_epoch_start(self):
+        self._val_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._val_cnt = torch.zeros((), dtype=torch.float64, device=self.device)
+
+    def validation_step(self, batch, batch_idx):
+        nll, n = self._nll(batch)
+        self._val_sum += nll.double()
+        self._val_cnt += n.double()
+
+    def on_validation_epoch_end(self):
+        s = self.trainer.strategy.reduce(self._val_sum, reduce_op="sum")
+        c = self.trainer.strategy.reduce(self._val_cnt, reduce_op="sum")
+        loss = (s / c.clamp(min=1)).float()
+        self.log("val/loss", loss, prog_bar=True, sync_dist=False)
+        self.log("val/ppl", torch.exp(loss), sync_dist=False)
+        if self.check_sentences and self.tokenizer is not None:
+            gap, win = self.shuffle_check()
+            self.log("val/shuffle_gap", gap, sync_dist=False)
+            self.log("val/shuffle_win_rate", win, sync_dist=False)
+
+    @torch.no_grad()
+    def sentence_nll(self, texts: list[str]) -> torch.Tensor:
+        """Mean NLL per predicted token of each text ([BOS] text [EOS]), one row at a time."""
+        out = []
+        for t in texts:
+            ids = torch.tensor(self.tokenizer.encode(t, add_bos=True, add_eos=True), device=self.device)[None]
+            logits = self.model(ids[:, :-1]).float()
+            out.append(F.cross_entropy(logits[0], ids[0, 1:]).item())
+        return torch.tensor(out)
+
+    @torch.no_grad()
+    def shuffle_check(self, seed: int = 0):
+        """Real sentences vs the same words shuffled: (mean NLL gap in nats/token, fraction real wins)."""
+        was = self.model.training
+        self.model.eval()
+        rng = random.Random(seed)
+        real = self.check_sentences
+        shuf = [shuffled_words(s, rng) for s in real]
+        a, b = self.sentence_nll(real), self.sentence_nll(shuf)
+        self.model.train(was)
+        return float((b - a).mean()), float((a < b).float().mean())
+
+    # ---- optimisation ------------------------------------------------------------------------
+    def configure_optimizers(self):
+        o = self.cfg["optim"]
+        lr = float(o["lr"])
+        wd = float(o.get("weight_decay", 0.1))
+        hidden, embed, vectors = [], [], []
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            if name.startswith("embed."):
+                embed.append(p)
+            elif p.dim() >= 2:
+                hidden.append(p)
+            else:
+                vectors.append(p)
+        # width-muP (ours, Adam form): hidden matrices lr / width_mult; embeddings, gains, biases: base lr.
+        groups = [
+            {"params": hidden, "lr": lr / self.width_mult, "weight_decay": wd, "name": "hidden"},
+            {"params": embed, "lr": lr, "weight_decay": wd, "name": "embed"},
+            {"params": vectors, "lr": lr, "weight_decay": 0.0, "name": "vectors"},
+        ]
+        groups = [g for g in groups if g["params"]]
+        betas = tuple(float(b) for b in o.get("betas", (0.9, 0.95)))
+        fused = bool(o.get("fused", False)) and torch.cuda.is_available()
+        opt = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=float(o.get("eps", 1e-8)), fused=fused)
+        max_steps = int(self.trainer.max_steps) if self.trainer and self.trainer.max_steps > 0 else int(o.get("total_steps", 1000))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lr_lambda(int(o.get("warmup_steps", 0)), max_steps, float(o.get("min_lr_ratio", 0.1))))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
+
+    def on_before_optimizer_step(self, optimizer):
+        grads = [p.grad.detach().float().norm() for p in self.model.parameters() if p.grad is not None]
+        if grads:
+            self.log("train/grad_norm", torch.stack(grads).norm(), on_step=True, on_epoch=False)
+        self.log("train/lr", optimizer.param_groups[0]["lr"] * (1.0 if self.width_mult == 1 else self.width_mult),
+                 on_step=True, on_epoch=False)

@@ -1,0 +1,169 @@
+"""`run(cfg)`: build data, model, logger and trainer from a config and fit. Called by fit.py and the
+sweep driver. `load_checkpoint(path)`: (model, tokenizer, cfg) for evaluation."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from falcon_lab.training.validate import validate_config
+
+TRAINER_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision", "max_steps",
+                "val_check_interval", "limit_val_batches", "limit_train_batches", "log_every_n_steps",
+                "accumulate_grad_batches", "enable_progress_bar", "deterministic", "num_sanity_val_steps",
+                "benchmark", "detect_anomaly", "fast_dev_run", "overfit_batches")
+
+
+def _run_dir(cfg) -> Path:
+    if cfg.get("run_dir"):
+        return Path(str(cfg.run_dir)).expanduser().resolve()
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    return (Path.cwd() / "outputs" / str(cfg.logger.experiment_name) / f"{stamp}_{os.getpid()}").resolve()
+
+
+def _trainer_kwargs(cfg) -> dict:
+    t = OmegaConf.to_container(cfg.trainer, resolve=True)
+    kw = {k: t[k] for k in TRAINER_KEYS if k in t and t[k] is not None}
+    if kw.get("strategy") == "fsdp":
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        from falcon_lab.models.decoder import Block
+        kw["strategy"] = FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full")
+    return kw
+
+
+def run(cfg: DictConfig, callbacks=None) -> dict:
+    """Train one configuration. Returns {"val_loss" (best), "final_val_loss", "run_id", "ckpt_path",
+    "last_ckpt_path", "run_dir", "tracking_uri", "experiment_id", "steps", "metrics", "history"}."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from falcon_lab.data import build_datamodule
+    from falcon_lab.data.corpus import kjv_sentences
+    from falcon_lab.training.callbacks import MetricHistory, ThroughputMFU, device_peak_flops, plot_curves
+    from falcon_lab.training.mlflow import build_logger, resolve_tracking_uri
+    from falcon_lab.training.module import LitLM
+
+    validate_config(cfg)
+    run_dir = _run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.trainer.get("cpu_threads"):
+        torch.set_num_threads(int(cfg.trainer.cpu_threads))
+    torch.set_float32_matmul_precision(str(cfg.get("matmul_precision", "high")))
+    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+
+    dm = build_datamodule(cfg.data, seed=int(cfg.seed))
+    tokenizer = dm.tokenizer
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    module = LitLM(cfg_dict, vocab_size=tokenizer.vocab_size, tokenizer_name=getattr(tokenizer, "name", "byte"))
+    module.tokenizer = tokenizer
+    checks = cfg.get("checks") or {}
+    if checks.get("shuffle", True) and cfg.data.name == "lm" and cfg.data.get("source", "kjv") == "kjv":
+        module.check_sentences = kjv_sentences("validation")[: int(checks.get("n_sentences", 64))]
+
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    logger = build_logger(cfg)
+    accum = int(cfg.trainer.get("accumulate_grad_batches") or 1)
+    tkw = _trainer_kwargs(cfg)
+    history = MetricHistory()
+    ck = cfg.get("checkpoint") or {}
+    ckpt_dir = run_dir / "checkpoints"
+    best_cb = ModelCheckpoint(dirpath=ckpt_dir, filename="best-step{step:06d}", monitor="val/loss", mode="min",
+                              save_top_k=int(ck.get("save_top_k", 1)), save_last=bool(ck.get("save_last", True)),
+                              auto_insert_metric_name=False)
+    cbs = [best_cb, history]
+    if ck.get("every_n_steps"):
+        cbs.append(ModelCheckpoint(dirpath=ckpt_dir, filename="step{step:06d}", monitor=None, save_top_k=-1,
+                                   every_n_train_steps=int(ck.every_n_steps), auto_insert_metric_name=False))
+    if cfg.get("addition_eval"):  # the evaluation engineer's addition accuracy callback (experiment=addition)
+        from falcon_lab.evaluation.addition import callback_from_cfg
+
+        cb = callback_from_cfg(cfg, tokenizer, dirpath=str(run_dir))
+        if cb is not None and not any(type(c) is type(cb) for c in (callbacks or [])):
+            cbs.append(cb)
+    cbs += list(callbacks or [])
+    trainer = L.Trainer(
+        logger=logger if logger is not None else False,
+        callbacks=cbs,
+        default_root_dir=str(run_dir),
+        gradient_clip_val=float(cfg.optim.get("grad_clip", 1.0)) or None,
+        use_distributed_sampler=False,
+        check_val_every_n_epoch=None,
+        max_epochs=-1,
+        **tkw,
+    )
+    tokens_per_step = int(cfg.data.batch_size) * int(cfg.data.seq_len) * accum * trainer.world_size
+    peak = device_peak_flops((cfg.get("metrics") or {}).get("peak_flops"))
+    trainer.callbacks.append(ThroughputMFU(tokens_per_step, module.model.flops_per_token(int(cfg.data.seq_len)),
+                                           peak, log_every=int(cfg.trainer.get("log_every_n_steps") or 1)))
+    run_id = logger.run_id if logger is not None else None
+    if logger is not None and trainer.global_rank == 0:
+        logger.log_hyperparams(_flat_params(cfg))
+        logger.experiment.set_tag(run_id, "run_dir", str(run_dir))
+        logger.experiment.set_tag(run_id, "params_total", str(module.model.num_params()))
+        logger.experiment.set_tag(run_id, "state_numel_per_seq", str(module.model.state_numel(1, int(cfg.data.seq_len))))
+    ckpt_path = cfg.get("ckpt_path") or None
+    status = "failed"
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+        status = "success"
+    finally:
+        if logger is not None and trainer.global_rank == 0:
+            if status == "success":
+                try:
+                    logger.experiment.set_tag(run_id, "backend_used", ",".join(module.model.backends_used()))
+                    logger.experiment.log_artifact(run_id, str(run_dir / "config.yaml"))
+                    png = plot_curves(history.history, str(run_dir / "loss_curve.png"))
+                    if png:
+                        logger.experiment.log_artifact(run_id, png)
+                except Exception as e:  # artifacts must not turn a finished run into a failure
+                    print(f"[falcon_lab] warning: could not log artifacts: {e}")
+            logger.finalize(status)
+    best = best_cb.best_model_score
+    vals = history.history.get("val/loss", [])
+    result = {
+        "val_loss": float(best) if best is not None else (min(v for _, v in vals) if vals else float("nan")),
+        "final_val_loss": vals[-1][1] if vals else float("nan"),
+        "run_id": run_id,
+        "ckpt_path": best_cb.best_model_path or best_cb.last_model_path or None,
+        "last_ckpt_path": best_cb.last_model_path or None,
+        "run_dir": str(run_dir),
+        "tracking_uri": resolve_tracking_uri(cfg.logger) if logger is not None else None,
+        "experiment_id": logger.experiment_id if logger is not None else None,
+        "steps": int(trainer.global_step),
+        "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+        "history": history.history,
+    }
+    return result
+
+
+def _flat_params(cfg) -> dict:
+    from falcon_lab.training.mlflow import flatten
+
+    flat = flatten(OmegaConf.to_container(cfg, resolve=True))
+    return {k: ("null" if v is None else v) for k, v in flat.items() if not k.startswith("hydra")}
+
+
+def load_checkpoint(path: str, map_location="cpu"):
+    """(model (eval mode), tokenizer, cfg) from a checkpoint written by `run`."""
+    from falcon_lab.data.tokenizer import build_tokenizer
+    from falcon_lab.models import build_model
+    from falcon_lab.training.module import mup_width_mult
+
+    if not os.path.isfile(str(path)):
+        raise FileNotFoundError(f"ckpt: no checkpoint file at {path!r}")
+    ckpt = torch.load(str(path), map_location=map_location, weights_only=False)
+    hp = ckpt.get("hyper_parameters") or {}
+    if "cfg" not in hp:
+        raise ValueError(f"ckpt: {path} was not written by falcon_lab.training (no cfg in hyper_parameters)")
+    cfg = OmegaConf.create(hp["cfg"])
+    tokenizer = build_tokenizer(hp.get("tokenizer_name", "byte"))
+    width_mult = mup_width_mult(hp["cfg"]["model"], hp["cfg"]["optim"])
+    model = build_model(hp["cfg"]["model"], hp["cfg"]["mixer"], int(hp["vocab_size"]), logit_scale=1.0 / width_mult)
+    sd = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    model.load_state_dict(sd)
+    model.eval()
+    return model, tokenizer, cfg

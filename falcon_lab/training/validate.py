@@ -1,0 +1,95 @@
+"""Start-up validation: one clear error naming the key, before any data or model is built."""
+from __future__ import annotations
+
+import os
+
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _need(cfg, key):
+    node = OmegaConf.select(cfg, key, default="__missing__")
+    if node == "__missing__" or node is None:
+        raise ConfigError(f"{key}: required but missing")
+    return node
+
+
+def _pos_int(cfg, key):
+    v = _need(cfg, key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"{key}: must be a positive integer, got {v!r}")
+    return v
+
+
+def validate_config(cfg: DictConfig) -> None:
+    from falcon_lab.data.registry import get_datamodule_cls
+    from falcon_lab.models.mixers.registry import get_mixer_cls, mixer_knobs
+
+    OmegaConf.set_struct(cfg, True)
+    for key in ("model.d_model", "model.n_layers", "model.n_heads", "model.head_dim", "data.seq_len",
+                "data.batch_size", "trainer.max_steps"):
+        _pos_int(cfg, key)
+    if float(_need(cfg, "optim.lr")) <= 0:
+        raise ConfigError(f"optim.lr: must be > 0, got {cfg.optim.lr}")
+    # ---- mixer
+    mixer = OmegaConf.to_container(_need(cfg, "mixer"), resolve=True)
+    name = mixer.get("name")
+    try:
+        get_mixer_cls(name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    knobs = mixer_knobs(name)
+    for k in mixer:
+        if k != "name" and k not in knobs:
+            raise ConfigError(f"mixer.{k}: not a knob of mixer {name!r} (knobs: {sorted(knobs)})")
+    if name == "falcon":
+        from falcon_lab.models.mixers.falcon import LAM_MODES, READS, resolve_falcon_knobs
+
+        try:
+            resolve_falcon_knobs(mixer.get("variant", "1A"), mixer.get("preset"), mixer.get("qk_norm"),
+                                 mixer.get("gate"), mixer.get("lam"), mixer.get("window"))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if mixer.get("lam_mode", "scaled") not in LAM_MODES:
+            raise ConfigError(f"mixer.lam_mode: {mixer.get('lam_mode')!r} is not one of {LAM_MODES}")
+        if mixer.get("read", "after") not in READS:
+            raise ConfigError(f"mixer.read: {mixer.get('read')!r} is not one of {READS}")
+        if not isinstance(mixer.get("shift", True), bool):
+            raise ConfigError(f"mixer.shift: must be true or false, got {mixer.get('shift')!r}")
+        for k in ("eps", "eps_gamma", "lam_scale", "beta_max", "eta_max"):
+            if k in mixer and not (float(mixer[k]) >= 0):
+                raise ConfigError(f"mixer.{k}: must be >= 0, got {mixer[k]!r}")
+        if mixer.get("chunk_size", 64) < 1:
+            raise ConfigError(f"mixer.chunk_size: must be >= 1, got {mixer.get('chunk_size')}")
+    # ---- data
+    try:
+        get_datamodule_cls(_need(cfg, "data.name"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if cfg.data.name == "lm":
+        src = cfg.data.get("source", "kjv")
+        if src not in ("kjv", "text", "jsonl", "fineweb"):
+            raise ConfigError(f"data.source: {src!r} is not one of kjv, text, jsonl, fineweb")
+        if src in ("text", "jsonl"):
+            path = cfg.data.get("path")
+            if not path:
+                raise ConfigError(f"data.path: required for data.source={src}")
+            from falcon_lab.data.lm import _resolve_files
+
+            try:
+                _resolve_files(path)
+                if cfg.data.get("val_path"):
+                    _resolve_files(cfg.data.val_path, "data.val_path")
+            except FileNotFoundError as e:
+                raise ConfigError(str(e)) from None
+        if cfg.data.get("tokenizer", "byte") not in ("byte", "gpt2", "tiktoken"):
+            raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} is not one of byte, gpt2")
+    # ---- resume
+    ck = cfg.get("ckpt_path")
+    if ck and ck not in ("last",) and not os.path.isfile(str(ck)):
+        raise ConfigError(f"ckpt_path: no checkpoint file at {ck!r}")
+    if cfg.trainer.get("val_check_interval") is not None and int(cfg.trainer.val_check_interval) < 1:
+        raise ConfigError("trainer.val_check_interval: must be >= 1 (steps)")
