@@ -208,6 +208,20 @@ def _surplus(study, trial, n_trials: int) -> bool:
     return ahead >= n_trials
 
 
+def _tell(study, trial, values=None, state=None, **kw):
+    """study.tell, tolerating samplers that call study.stop() from after_trial (Grid, BruteForce
+    do when their grid is exhausted; Study.stop raises outside study.optimize). Our own loop
+    decides when to stop (the budget), so the stop flag is simply ignored."""
+    tl = study._thread_local
+    prev = getattr(tl, "in_optimize_loop", False)
+    tl.in_optimize_loop = True
+    try:
+        return study.tell(trial, values, state=state, **kw)
+    finally:
+        tl.in_optimize_loop = prev
+        study._stop_flag = False
+
+
 def _sys_attrs(study, trial) -> dict:
     return study._storage.get_trial_system_attrs(trial._trial_id)
 
@@ -242,7 +256,7 @@ def run_trial(ctx: SweepContext, space: SearchSpace, study, trial, runner=None) 
                 out = _run_inprocess(ctx, space, trial, overrides, tracking, runner)
     except BaseException as e:  # KeyboardInterrupt / SystemExit: mark, re-enqueue, re-raise
         trial.set_user_attr("fail_reason", f"interrupted ({type(e).__name__})")
-        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        _tell(study, trial, state=TrialState.FAIL, skip_if_finished=True)
         import optuna
 
         study.add_trial(optuna.trial.create_trial(
@@ -258,13 +272,13 @@ def run_trial(ctx: SweepContext, space: SearchSpace, study, trial, runner=None) 
     trial.set_user_attr("steps_validated", [s for s, _ in history])
     if out.get("error"):
         trial.set_user_attr("error", out["error"][-2000:])
-        study.tell(trial, state=TrialState.FAIL)
+        _tell(study, trial, state=TrialState.FAIL)
         state, value = "FAIL", None
         err = out["error"].strip().splitlines()[-1] if out["error"].strip() else "?"
         log(f"trial {trial.number} FAILED: {err}  (full traceback: trial user attr 'error')")
     elif out.get("pruned"):
         trial.set_user_attr("pruned_at_step", out.get("pruned_at_step"))
-        study.tell(trial, state=TrialState.PRUNED)
+        _tell(study, trial, state=TrialState.PRUNED)
         state, value = "PRUNED", history[-1][1] if history else None
         log(f"trial {trial.number} PRUNED at step {out.get('pruned_at_step')}")
     else:
@@ -273,11 +287,11 @@ def run_trial(ctx: SweepContext, space: SearchSpace, study, trial, runner=None) 
             msg = (f"metric {space.metric!r} was never logged at a validation; logged metrics: "
                    f"{', '.join(out.get('available_metrics') or []) or 'none'}")
             trial.set_user_attr("error", msg)
-            study.tell(trial, state=TrialState.FAIL)
+            _tell(study, trial, state=TrialState.FAIL)
             state = "FAIL"
             log(f"trial {trial.number} FAILED: {msg}")
         else:
-            study.tell(trial, value)
+            _tell(study, trial, value)
             state = "COMPLETE"
             log(f"trial {trial.number} COMPLETE {space.metric}={value:.6g} "
                 f"({time.time() - t0:.1f} s)")
@@ -381,7 +395,7 @@ def worker_loop(ctx: SweepContext, worker: int = 0, runner=None, max_trials: int
         trial = study.ask()
         if _surplus(study, trial, ctx.n_trials):
             trial.set_user_attr("fail_reason", "surplus: the budget was taken by other workers")
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            _tell(study, trial, state=optuna.trial.TrialState.FAIL)
             continue
         run_trial(ctx, space, study, trial, runner=runner)
         mine += 1

@@ -1,0 +1,176 @@
+"""Sweep-driver mechanics on a toy objective (a real Lightning Trainer, real MLflow, real Optuna
+SQLite storage; see sweep_helpers.py): pruning stops early, a SIGKILLed sweep resumes without
+redoing finished trials, two worker processes share one study, failures are recorded."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from falcon_lab.sweeps import driver
+from falcon_lab.sweeps.space import load_space
+from falcon_lab.sweeps.storage import HOST_ATTR, PID_ATTR, RETRY_ATTR
+
+TESTS = Path(__file__).resolve().parent
+RUNNER = "sweep_helpers:toy_runner"
+
+
+def _space(tmp_path, name="toy", **kw) -> str:
+    d = {"metric": "val/loss", "direction": "minimize", "n_trials": 3,
+         "sampler": {"name": "random", "seed": 0}, "pruner": {"name": "nop"},
+         "parameters": {"toy.lr": {"type": "log", "low": 0.01, "high": 0.4}}}
+    d.update(kw)
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return str(p)
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _mlflow_children(tmp_path, parent):
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    exp = c.get_experiment_by_name("falcon_lab")
+    return c, c.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
+
+
+def test_pruned_trial_stops_early_and_runs_group_under_parent(tmp_path, monkeypatch):
+    """A threshold pruner stops the lr=0 arm at its first checked step; the lr=0.4 arm runs all
+    6 steps. Fewer val/loss points are logged for the pruned child run in MLflow."""
+    monkeypatch.chdir(tmp_path)
+    path = _space(tmp_path, n_trials=None, sampler={"name": "grid"},
+                  pruner={"name": "threshold", "upper": 3.0, "n_warmup_steps": 2},
+                  overrides=["toy.steps=6"],
+                  parameters={"toy.lr": {"type": "categorical", "choices": [0.0, 0.4]}})
+    space = load_space(path)
+    assert space.n_trials == 2
+    ctx = driver.prepare(space, [], runner=RUNNER, workdir=tmp_path)
+    counts = driver.worker_loop(ctx)
+    assert counts["COMPLETE"] == 1 and counts["PRUNED"] == 1
+    _, study = driver.load(ctx)
+    by_lr = {t.params["toy.lr"]: t for t in study.trials}
+    pruned, full = by_lr[0.0], by_lr[0.4]
+    assert pruned.state == TrialState.PRUNED and full.state == TrialState.COMPLETE
+    assert max(pruned.intermediate_values) == 2 < max(full.intermediate_values) == 6
+    assert pruned.user_attrs["pruned_at_step"] == 2
+    # the objective value is the best validation value seen, as logged
+    assert full.value == pytest.approx(min(full.intermediate_values.values()))
+
+    driver.finalize(ctx)
+    client, children = _mlflow_children(tmp_path, ctx.parent_run_id)
+    assert len(children) == 2
+    steps = {}
+    for r in children:
+        hist = client.get_metric_history(r.info.run_id, "val/loss")
+        steps[r.data.tags["optuna.state"]] = len(hist)
+        assert r.data.tags["optuna.study"] == ctx.study_name
+        assert r.data.tags["optuna.trial"] in ("0", "1")
+        assert "optuna.param.toy.lr" in r.data.tags
+    assert steps["PRUNED"] == 2 and steps["COMPLETE"] == 6
+    parent = client.get_run(ctx.parent_run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics["best_value"] == pytest.approx(full.value)
+    assert parent.data.tags["best.toy.lr"] == "0.4"
+    arts = {a.path for a in client.list_artifacts(ctx.parent_run_id, "plots")}
+    assert "plots/optimization_history.png" in arts
+
+
+def test_failed_trial_is_recorded_and_the_study_continues(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = _space(tmp_path, n_trials=2, sampler={"name": "grid"},
+                  parameters={"toy.fail": {"type": "categorical", "choices": [True, False]},
+                              "toy.lr": {"type": "categorical", "choices": [0.1]}})
+    space = load_space(path, n_trials=2)
+    ctx = driver.prepare(space, [], runner=RUNNER, workdir=tmp_path, tracking=False)
+    counts = driver.worker_loop(ctx)
+    # the budget counts COMPLETE + PRUNED: the failing arm is retried by the grid until max_failed
+    _, study = driver.load(ctx)
+    failed = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert failed and all("this trial fails on purpose" in t.user_attrs["error"] for t in failed)
+    assert counts["COMPLETE"] >= 1
+
+
+def _wait(pred, timeout, what):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pred():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sigkill_mid_trial_then_resume_finishes_budget_without_redoing(tmp_path):
+    path = _space(tmp_path, n_trials=3, overrides=["toy.steps=8", "toy.sleep=0.4"])
+    cmd = [sys.executable, "-m", "falcon_lab.sweep", f"ablation={path}", f"runner={RUNNER}",
+           "heartbeat=1", "grace=60"]
+    storage = f"sqlite:///{tmp_path}/sweeps/optuna.db"
+    log1 = open(tmp_path / "run1.log", "wb")
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=log1, stderr=subprocess.STDOUT)
+
+    def mid_second_trial():
+        try:
+            s = optuna.load_study(study_name="toy", storage=storage)
+        except Exception:
+            return False
+        ts = s.get_trials(deepcopy=False)
+        return (sum(t.state == TrialState.COMPLETE for t in ts) >= 1 and
+                any(t.state == TrialState.RUNNING and t.intermediate_values for t in ts))
+
+    try:
+        _wait(mid_second_trial, 240, "a finished trial and a running one")
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        log1.close()
+    before = optuna.load_study(study_name="toy", storage=storage).trials
+    finished = {t.number: (t.params, t.value, t.datetime_complete) for t in before
+                if t.state == TrialState.COMPLETE}
+    killed = [t for t in before if t.state == TrialState.RUNNING]
+    assert len(killed) == 1 and finished
+
+    out = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"trial {killed[0].number} was left RUNNING by a dead worker" in out.stdout
+    after = optuna.load_study(study_name="toy", storage=storage).trials
+    done = [t for t in after if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(done) == 3                                     # the budget, not more
+    for n, (params, value, dt) in finished.items():           # finished trials untouched
+        assert (after[n].params, after[n].value, after[n].datetime_complete) == (params, value, dt)
+    k = after[killed[0].number]
+    assert k.state == TrialState.FAIL and k.user_attrs["fail_reason"].startswith("stale: worker pid")
+    retry = [t for t in after if t.system_attrs.get(RETRY_ATTR) == k.number]
+    assert len(retry) == 1 and retry[0].params == k.params and retry[0].state == TrialState.COMPLETE
+    # the restarted sweep trained only what was missing: one run per trial it started
+    assert out.stdout.count(" start: ") == 3 - len(finished)
+
+
+def test_two_workers_share_one_sqlite_study(tmp_path):
+    path = _space(tmp_path, n_trials=4, overrides=["toy.steps=3", "toy.sleep=0.3"])
+    cmd = [sys.executable, "-m", "falcon_lab.sweep", f"ablation={path}", f"runner={RUNNER}",
+           "workers=2"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    study = optuna.load_study(study_name="toy", storage=f"sqlite:///{tmp_path}/sweeps/optuna.db")
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert len(done) == 4
+    numbers = [t.number for t in study.trials]
+    assert len(numbers) == len(set(numbers))
+    # both workers trained, with different parameters (per-worker sampler seeds)
+    assert len({t.system_attrs[PID_ATTR] for t in done}) == 2
+    assert len({t.params["toy.lr"] for t in done}) == 4
+    assert all(t.system_attrs[HOST_ATTR] for t in done)
+    for i in range(2):
+        assert (tmp_path / "sweeps" / "toy" / f"worker-{i}.log").exists()
