@@ -17,9 +17,12 @@ def main(cfg: DictConfig) -> float:
     from falcon_lab.training import run
     from falcon_lab.training.mlflow import ui_command
 
-    if not cfg.get("run_dir"):
-        with open_dict(cfg):
-            cfg.run_dir = HydraConfig.get().runtime.output_dir
+    hc = HydraConfig.get()
+    with open_dict(cfg):
+        if not cfg.get("run_dir"):
+            cfg.run_dir = hc.runtime.output_dir
+        if str(hc.mode) == "RunMode.MULTIRUN" and not cfg.logger.get("run_name"):
+            cfg.logger.run_name = hc.job.override_dirname or f"arm{hc.job.num}"  # one MLflow run per arm
     res = run(cfg)
     print(f"\n[falcon_lab] done: {res['steps']} steps, best val/loss {res['val_loss']:.4f} "
           f"(ppl {2.718281828 ** res['val_loss']:.2f})", flush=True)

@@ -2,13 +2,13 @@
 
 
 def run(cfg, callbacks=None):
-    from falcon_lab.training.run import run as _run
+    from falcon_lab.training.api import run as _run
 
     return _run(cfg, callbacks=callbacks)
 
 
 def load_checkpoint(path, map_location="cpu"):
-    from falcon_lab.training.run import load_checkpoint as _load
+    from falcon_lab.training.api import load_checkpoint as _load
 
     return _load(path, map_location=map_location)
 

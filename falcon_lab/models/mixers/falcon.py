@@ -51,6 +51,7 @@ DEFAULT_WINDOW = 4  # ours: the paper's "e.g., B = 4"
 
 def resolve_falcon_knobs(variant, preset, qk_norm, gate, lam, window):
     """Apply the preset to knobs left None; check values. Returns (qk_norm, gate, lam, window)."""
+    variant = str(variant)
     if variant not in VARIANTS:
         raise ValueError(f"mixer.variant: unknown Falcon variant {variant!r}; choose one of {VARIANTS}")
     if preset is not None and preset not in PRESETS:
@@ -131,7 +132,7 @@ class FalconMixer(Mixer):
             raise ValueError(f"mixer.read: {read!r} is not one of {READS}")
         if conv_size < 1:
             raise ValueError(f"mixer.conv_size: must be >= 1, got {conv_size}")
-        self.variant, self.preset = variant, preset
+        self.variant, self.preset = str(variant), preset
         self.H, self.dk, self.dv = n_heads, head_dim, head_dim
         self.lam_mode = lam_mode if self.lam != "off" else "absolute"
         self.lam_scale, self.lam_value = float(lam_scale), float(lam_value)
@@ -139,7 +140,7 @@ class FalconMixer(Mixer):
         self.eps, self.eps_gamma, self.eps_rms = float(eps), float(eps_gamma), float(eps_rms)
         self.beta_max, self.eta_max = float(beta_max), float(eta_max)
         self.backend, self.chunk_size = backend, int(chunk_size)
-        self.per_column = variant in ("2", "2A")
+        self.per_column = self.variant in ("2", "2A")
         H, dk, dv = n_heads, head_dim, head_dim
         self.q_proj = nn.Linear(d_model, H * dk, bias=False)
         self.k_proj = nn.Linear(d_model, H * dk, bias=False)
