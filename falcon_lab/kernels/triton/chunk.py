@@ -417,8 +417,23 @@ def _cfg(K: int, V: int):
     return BK, min(BV_state, _np2(V)), BV_out, min(BV_main, _np2(V)), warps_main
 
 
-def _prec(dtype: torch.dtype, allow_tf32: bool) -> str:
-    return "tf32" if (dtype != torch.float32 or allow_tf32) else "ieee"
+def _prec(dtype: torch.dtype, allow_tf32: bool, device: torch.device) -> str:
+    """Dot precision for fp32 operands (16-bit operands ignore it). Default (ours): "tf32x3", the
+    three-pass split-TF32 product on tensor cores, which keeps fp32-level accuracy; plain "ieee" FMA
+    dots are available (FALCON_TRITON_FP32_DOT=ieee) but took minutes of ptxas time per kernel set on
+    the H200 (Triton 3.6). "tf32" only when asked (allow_tf32). The interpreter always uses "ieee"."""
+    if dtype != torch.float32:
+        return "tf32"
+    if allow_tf32:
+        return "tf32"
+    if device.type == "cpu":
+        return "ieee"
+    return os.environ.get("FALCON_TRITON_FP32_DOT", "tf32x3")
+
+
+def _stages(dtype: torch.dtype) -> dict:
+    # fp32 tiles of K=128 overflowed the 227 KB of shared memory with 3 pipeline stages (measured)
+    return {"num_stages": 1} if dtype == torch.float32 else {}
 
 
 def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf32=False,
@@ -429,24 +444,25 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
     NT = triton.cdiv(T, C)
     BK, BVs, BVo, _, _ = _cfg(K, V)
     dev = q.device
-    prec = _prec(q.dtype, allow_tf32)
+    prec = _prec(q.dtype, allow_tf32, q.device)
+    st = _stages(q.dtype)
     f32 = torch.float32
     if delta:
         A = torch.empty(B, T, H, C, dtype=f32, device=dev)
         WT = torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
         VT = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
         R = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
-        _fwd_prep[(NT, B * H)](x, v, eta, g, A, WT, VT, T, XT, xoff, H, K, V, C, BK, BVo, prec)
+        _fwd_prep[(NT, B * H)](x, v, eta, g, A, WT, VT, T, XT, xoff, H, K, V, C, BK, BVo, prec, **st)
     else:
         A = WT = VT = R = eta  # never read (constexpr-disabled branches)
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     ST = _empty((B, H, K, V), f32, dev)
     _fwd_state[(triton.cdiv(V, BVs), B * H)](
         x, v, eta, g, WT, VT, S0 if S0 is not None else eta, HS, R, ST, T, XT, xoff, NT, H, K, V, C,
-        BK, BVs, delta, S0 is not None, True, prec)
+        BK, BVs, delta, S0 is not None, True, prec, **st)
     O = _empty((B, T, H, V), out_dtype or q.dtype, dev)
     _fwd_out[(triton.cdiv(V, BVo), NT, B * H)](
-        q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec)
+        q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, **st)
     return O, ST, (HS, A, WT, R)
 
 
@@ -459,17 +475,18 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     NT = triton.cdiv(T, C)
     BK, BVs, BVo, BVm, wm = _cfg(K, V)
     dev = q.device
-    prec = _prec(q.dtype, allow_tf32)
+    prec = _prec(q.dtype, allow_tf32, q.device)
+    st = _stages(q.dtype)
     f32 = torch.float32
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     _bwd_dul[(triton.cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,
-                                                read_after, prec)
+                                                read_after, prec, **st)
     DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
     _bwd_state[(triton.cdiv(V, BVs), B * H)](
         q, x, eta, g, WT, dO, DU, dST if dST is not None else eta, DHS,
         DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BK, BVs, delta, read_after,
-        dST is not None, need_ds0, prec)
+        dST is not None, need_ds0, prec, **st)
     dq = _empty(q.shape, q.dtype, dev)
     if xoff == 0 and XT == T:
         dx = _empty(x.shape, x.dtype, dev)
@@ -480,7 +497,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
     _bwd_main[(NT, B * H)](q, x, v, R, eta, g, A, HS, DHS, dO, DU, dq, dx, dv, deta, dg, T, XT, xoff,
-                           NT, H, K, V, C, BK, BVm, delta, read_after, prec, num_warps=wm)
+                           NT, H, K, V, C, BK, BVm, delta, read_after, prec, num_warps=wm, **st)
     return dq, dx, dv, deta, dg, DS0
 
 
