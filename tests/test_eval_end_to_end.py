@@ -1,0 +1,104 @@
+"""A tiny model trained on CPU, then evaluated end to end by the evaluate driver, its numbers in
+MLflow on the training run; compare gathers the experiment into a table. One training run shared
+by the module (CI budget)."""
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    old_cwd, old_env = os.getcwd(), {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "HF_HOME")}
+    os.chdir(tmp)
+    uri = f"sqlite:///{tmp / 'mlruns' / 'mlflow.db'}"
+    (tmp / "mlruns").mkdir()
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    os.environ["HF_HOME"] = str(tmp / "hf")
+    from falcon_lab.training import compose, run
+    cfg = compose(["trainer.max_steps=12", "trainer.val_check_interval=6", "trainer.limit_val_batches=2",
+                   "trainer.log_every_n_steps=2", "trainer.enable_progress_bar=false", "data.seq_len=64",
+                   "data.batch_size=8", "checks.n_sentences=4", "logger.experiment_name=e2e_eval",
+                   f"run_dir={tmp / 'run'}"])
+    res = run(cfg)
+    yield tmp, uri, res
+    os.chdir(old_cwd)
+    for k, v in old_env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def test_evaluate_end_to_end_logs_to_training_run(trained):
+    from mlflow.tracking import MlflowClient
+
+    from falcon_lab.evaluation.perplexity import load_texts, rolling_pairs
+    from falcon_lab.evaluation.runner import compose_eval, evaluate
+    from falcon_lab.training import load_checkpoint
+    tmp, uri, res = trained
+    ckpt = res["last_ckpt_path"]
+    ecfg = compose_eval([f"ckpt={ckpt}", "suites=[ppl,lm_eval,addition,mqar,passkey]", "device=cpu",
+                         "ppl.max_docs=3", "ppl.max_chars=3000", "ppl.extrapolation.n_windows=2",
+                         "addition.n_examples=3", "addition.widths=[33,48]", "addition.val_widths=[1,3]",
+                         "+addition.task.val_per_width=3", "mqar.grid=[[2,16]]", "mqar.n_examples=4",
+                         "passkey.context_lens=[130,200]", "passkey.depths=[0.5]", "passkey.per_cell=1",
+                         "lm_eval.limit=4"])
+    out = evaluate(ecfg)
+    assert out["run_id"] == res["run_id"]  # found the training run through its run_dir tag
+    m = out["metrics"]
+    for k in ("ppl/corpus/ppl", "ppl/corpus/bits_per_byte", "lm_eval/local/mean_0shot", "addition/ood_mean",
+              "addition/acc_d33", "addition/acc_d48", "mqar/acc_mean", "mqar/state_numel", "passkey/acc_mean",
+              "extrap/corpus_x4/loss_beyond_train_len"):
+        assert k in m, k
+    # the corpus perplexity equals a direct recomputation with the loaded model
+    model, tok, cfg = load_checkpoint(ckpt)
+    docs = load_texts("corpus", max_docs=3, max_chars=3000, data_cfg=cfg.data)
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for d in docs:
+            for ctx, cont in rolling_pairs(tok.encode(d), tok.bos_id, 64):
+                inp = torch.tensor([(ctx + cont)[:-1]])
+                lp = torch.log_softmax(model(inp).double(), -1)[0, -len(cont):]
+                nll -= float(lp.gather(-1, torch.tensor(cont)[:, None]).sum())
+                n += len(cont)
+    assert m["ppl/corpus/ppl"] == pytest.approx(math.exp(nll / n), rel=1e-4)
+    assert 1.0 < m["ppl/corpus/ppl"] < 300.0
+    # in MLflow, on the training run, with artifacts
+    client = MlflowClient(uri)
+    run = client.get_run(res["run_id"])
+    assert run.data.metrics["ppl/corpus/ppl"] == pytest.approx(m["ppl/corpus/ppl"])
+    assert run.data.metrics["mqar/state_numel"] > 0
+    arts = {a.path for a in client.list_artifacts(res["run_id"], "eval")}
+    assert {"eval/ppl.json", "eval/addition_accuracy_vs_width.png", "eval/passkey_heatmap.png"} <= arts
+    hist = client.get_metric_history(res["run_id"], "extrap/corpus_x4/loss_at_position")
+    assert len(hist) > 8 and max(h.step for h in hist) == 256
+    summary = json.loads((Path(out["out_dir"]) / "summary.json").read_text())
+    assert summary["metrics"]["addition/ood_mean"] == m["addition/ood_mean"]
+
+
+def test_evaluate_rejects_bad_config(trained):
+    from falcon_lab.evaluation.runner import EvalConfigError, compose_eval, evaluate
+    tmp, uri, res = trained
+    with pytest.raises(EvalConfigError, match="ckpt"):
+        evaluate(compose_eval([]))
+    with pytest.raises(EvalConfigError, match="suites"):
+        evaluate(compose_eval([f"ckpt={res['last_ckpt_path']}", "suites=[ppl,bogus]"]))
+
+
+def test_compare_gathers_experiment(trained):
+    from falcon_lab.compare import compare
+    tmp, uri, res = trained
+    out = compare(experiment_name="e2e_eval", tracking_uri=uri, out_dir=str(tmp / "cmp"))
+    md = Path(out["markdown"]).read_text()
+    assert res["run_id"][:8] in md
+    assert "val/loss" in md or "val ppl" in md
+    assert all(Path(p).is_file() for p in out["plots"])
+    with pytest.raises(ValueError, match="experiment"):
+        compare(experiment_name="no_such_experiment", tracking_uri=uri, out_dir=str(tmp / "cmp2"))
