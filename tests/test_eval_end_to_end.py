@@ -102,3 +102,28 @@ def test_compare_gathers_experiment(trained):
     assert all(Path(p).is_file() for p in out["plots"])
     with pytest.raises(ValueError, match="experiment"):
         compare(experiment_name="no_such_experiment", tracking_uri=uri, out_dir=str(tmp / "cmp2"))
+
+
+def test_addition_callback_logs_best_step(trained):
+    """experiment=addition with the AdditionEvalCallback: accuracy logged at each eval step and
+    the best step (by ID validation) recorded at the end."""
+    from mlflow.tracking import MlflowClient
+
+    from falcon_lab.evaluation.addition import callback_from_cfg
+    from falcon_lab.training import compose, run
+    tmp, uri, _ = trained
+    cfg = compose(["experiment=addition", "trainer.max_steps=4", "trainer.val_check_interval=2",
+                   "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "data.batch_size=4",
+                   "data.val_per_width=2", "addition_eval.every_n_steps=2", "addition_eval.n_examples=2",
+                   "+addition_eval.ood_widths=[33,48]", "+addition_eval.val_widths=[1,2,3]",
+                   f"run_dir={tmp / 'add_run'}", "logger.experiment_name=e2e_addition"])
+    cb = callback_from_cfg(cfg, dirpath=str(tmp / "add_run"))
+    res = run(cfg, callbacks=[cb])
+    client = MlflowClient(uri)
+    hist = client.get_metric_history(res["run_id"], "addition/val_acc")
+    assert sorted(h.step for h in hist) == [2, 4]
+    r = client.get_run(res["run_id"])
+    assert r.data.metrics["addition/best_step"] in (2.0, 4.0)
+    assert {"addition/acc_d33", "addition/acc_d48", "addition/ood_mean"} <= set(r.data.metrics)
+    assert "addition_history.json" in {a.path for a in client.list_artifacts(res["run_id"])}
+    assert callback_from_cfg(compose([])) is None  # not an addition run: no callback

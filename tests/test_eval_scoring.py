@@ -176,3 +176,19 @@ def test_position_curve_shape():
     assert len(pc.loss) == 64 and pc.n_windows == 3
     assert all(abs(v - math.log(259)) < 1e-5 for v in pc.loss)  # uniform model: log V everywhere
     assert set(pc.metrics()) >= {"extrap/text/loss_within_train_len", "extrap/text/loss_beyond_train_len"}
+
+
+def test_text_sources(tmp_path):
+    from falcon_lab.evaluation.perplexity import SourceUnavailable, load_texts
+    (tmp_path / "a.txt").write_text("first doc\nline two\n\nsecond doc\n")
+    (tmp_path / "b.jsonl").write_text('{"text": "x y"}\n{"text": "z"}\n')
+    assert load_texts(f"text:{tmp_path / 'a.txt'}") == ["first doc\nline two", "second doc"]
+    assert load_texts(str(tmp_path / "b.jsonl")) == ["x y", "z"]
+    assert load_texts(str(tmp_path / "b.jsonl"), max_chars=2) == ["x "]
+    with pytest.raises(SourceUnavailable, match="not found"):
+        load_texts("jsonl:/nonexistent.jsonl")
+    with pytest.raises(ValueError, match="ppl source"):
+        load_texts("nonsense")
+    with pytest.raises(SourceUnavailable, match="wikitext"):  # tests run offline (conftest)
+        load_texts("wikitext")
+    assert len(load_texts("corpus", max_docs=2)) == 2  # the embedded corpus's validation split
