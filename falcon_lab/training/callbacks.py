@@ -67,19 +67,19 @@ class MetricHistory(L.Callback):
     def __init__(self):
         self.history: dict[str, list[tuple[int, float]]] = {}
 
-    def _grab(self, trainer):
+    def _grab(self, trainer, prefix, step):
         for k, v in trainer.callback_metrics.items():
-            if k.startswith(("train/", "val/")):
-                val = float(v)
+            if k.startswith(prefix):
                 lst = self.history.setdefault(k, [])
-                if not lst or lst[-1][0] != trainer.global_step:
-                    lst.append((trainer.global_step, val))
+                if not lst or lst[-1][0] != step:
+                    lst.append((step, float(v)))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self._grab(trainer)
+        # Lightning logs training_step values at the global_step of the batch (before its update)
+        self._grab(trainer, "train/", trainer.global_step - 1)
 
     def on_validation_end(self, trainer, pl_module):
-        self._grab(trainer)
+        self._grab(trainer, "val/", trainer.global_step)
 
 
 def plot_curves(history: dict, path: str) -> str | None:

@@ -1,0 +1,71 @@
+"""Every experiment and arm composes and validates; bad configs fail at start-up naming the key."""
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigAttributeError
+
+from falcon_lab.training.config import compose
+from falcon_lab.training.validate import ConfigError, validate_config
+from train_helpers import arms, experiments, small_overrides
+
+EXPECTED = {"ablate_eta", "ablate_qk_norm", "ablate_window", "ablate_alignment", "ablate_objective",
+            "paper_small_transformer", "paper_small_retnet", "paper_small_mamba2", "paper_small_deltanet",
+            "paper_small_gated_deltanet", "paper_small_falcon_1a_1", "paper_small_falcon_1a_2",
+            "paper_small_falcon_1a_3", "paper_small_falcon_3a_3", "paper_small_falcon_1_3"}
+
+
+def test_expected_experiments_exist():
+    assert EXPECTED <= set(experiments())
+
+
+@pytest.mark.parametrize("exp", experiments())
+def test_every_arm_composes_and_validates(exp):
+    all_arms = arms(exp)
+    for arm in all_arms:
+        cfg = compose(small_overrides(exp) + arm)
+        validate_config(cfg)
+    if exp.startswith("ablate_"):
+        assert len(all_arms) >= 2
+        cfgs = [compose([f"experiment={exp}"] + a) for a in all_arms]
+        assert len({str(c.mixer) for c in cfgs}) == len(all_arms)  # the arms really differ
+        assert {c.logger.experiment_name for c in cfgs} == {exp}  # one MLflow experiment
+
+
+def test_window_arms_and_paper_rows():
+    cfgs = [compose(["experiment=ablate_window"] + a) for a in arms("ablate_window")]
+    assert sorted((c.mixer.variant, c.mixer.window) for c in cfgs) == sorted(
+        (v, b) for v in ("3", "3A") for b in (1, 2, 4, 8))
+    c = compose(["experiment=paper_small_falcon_1a_2"])
+    assert (c.model.d_model, c.model.n_layers, c.model.n_heads, c.model.head_dim) == (768, 12, 6, 128)
+    assert (c.mixer.variant, c.mixer.preset, c.optim.mup.enabled) == ("1A", ".2", True)
+    assert c.data.batch_size * c.trainer.accumulate_grad_batches * c.trainer.devices == 480
+
+
+def test_typo_keys_are_rejected_by_name():
+    with pytest.raises(ConfigCompositionException, match="windw"):
+        compose(["mixer.windw=4"])
+    with pytest.raises(ConfigCompositionException, match="lr_max"):
+        compose(["optim.lr_max=1"])
+    cfg = compose([])
+    with pytest.raises(ConfigAttributeError, match="typo"):
+        validate_config(cfg)
+        cfg.mixer.typo = 1
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["mixer.window=4"], "mixer.window"),                         # window does not apply to variant 1A
+    (["mixer.variant=3", "mixer.window=0"], "mixer.window"),
+    (["mixer.variant=7"], "mixer.variant"),
+    (["mixer.gate=ctx_gamma"], "mixer.gate"),
+    (["mixer.lam_mode=relative"], "mixer.lam_mode"),
+    (["mixer=attention", "+mixer.variant=1"], "mixer.variant"),
+    (["mixer.name=transformer"], "mixer.name"),
+    (["data=text"], "data.path"),
+    (["data=text", "data.path=/nonexistent/corpus.txt"], "data.path"),
+    (["data.name=nope"], "data.name"),
+    (["model.d_model=0"], "model.d_model"),
+    (["ckpt_path=/nonexistent.ckpt"], "ckpt_path"),
+])
+def test_bad_values_fail_before_compute_naming_the_key(overrides, key):
+    cfg = compose(overrides)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate_config(cfg)
