@@ -127,3 +127,10 @@ def test_addition_callback_logs_best_step(trained):
     assert {"addition/acc_d33", "addition/acc_d48", "addition/ood_mean"} <= set(r.data.metrics)
     assert "addition_history.json" in {a.path for a in client.list_artifacts(res["run_id"])}
     assert callback_from_cfg(compose([])) is None  # not an addition run: no callback
+    # the accuracy history rides in the checkpoint, so a resumed run keeps its best step
+    ck = torch.load(res["last_ckpt_path"], map_location="cpu", weights_only=False)
+    states = [v for k, v in ck["callbacks"].items() if "AdditionEvalCallback" in k]
+    assert states and [h["step"] for h in states[0]["history"]] == [2, 4]
+    fresh = callback_from_cfg(cfg)
+    fresh.load_state_dict(states[0])
+    assert fresh.best == cb.best

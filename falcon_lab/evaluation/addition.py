@@ -238,6 +238,15 @@ class AdditionEvalCallback(_lightning_callback_base()):
         for lg in trainer.loggers:
             lg.log_metrics(m, step=step)
 
+    # the history and best step travel in Lightning checkpoints, so a resumed run keeps them
+    def state_dict(self):
+        return {"history": self.history, "best": self.best, "last_step": self._last_step}
+
+    def load_state_dict(self, state):
+        self.history = list(state.get("history", []))
+        self.best = state.get("best")
+        self._last_step = int(state.get("last_step", -1))
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step > 0 and trainer.global_step % self.every_n_steps == 0:
             self._run(trainer, pl_module)
