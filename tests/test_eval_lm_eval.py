@@ -125,3 +125,24 @@ def test_adapter_rejects_bad_args():
         FalconLabLM()
     with pytest.raises(ValueError, match="unknown model_args"):
         FalconLabLM(model=torch.nn.Linear(1, 1), tokenizer=None, bogus=1)
+
+
+def test_suite_configs_and_means():
+    from falcon_lab.evaluation.downstream import DownstreamResult, load_suite
+    s = load_suite("paper8")
+    assert s["tasks"] == {"piqa": "acc", "hellaswag": "acc_norm", "winogrande": "acc", "arc_easy": "acc",
+                          "arc_challenge": "acc_norm", "openbookqa": "acc_norm", "social_iqa": "acc",
+                          "sciq": "acc"}
+    assert s["num_fewshot"] == [0, 1]
+    y = load_suite(str(ROOT / "evaluation" / "suites" / "paper8.yaml"))
+    assert y["tasks"] == s["tasks"] and y["num_fewshot"] == s["num_fewshot"]
+    loc = load_suite(str(ROOT / "evaluation" / "suites" / "local.yaml"))
+    assert Path(loc["include_path"][0]) == TASKS.resolve()
+    r = DownstreamResult("x", scores={0: {"a": 0.5, "b": 0.7, "p": 12.0}},
+                         metrics_used={"a": "acc", "b": "acc_norm", "p": "word_perplexity"})
+    assert r.mean(0) == pytest.approx(0.6)  # perplexities stay out of the mean
+    r.scores[0].pop("b")
+    assert r.mean(0) is None and r.partial_mean(0) == (0.5, 1)
+    assert "lm_eval/x/partial_mean_0shot_1_of_2" in r.metrics()
+    with pytest.raises(ValueError, match="suite"):
+        load_suite("no_such_suite")

@@ -105,10 +105,22 @@ class DownstreamResult:
     raw: dict = field(default_factory=dict, repr=False)
     missing: dict = field(default_factory=dict)  # {task: reason}
 
+    def _acc_tasks(self):
+        return [t for t, m in self.metrics_used.items() if m not in LOWER_IS_BETTER]
+
     def mean(self, shots: int) -> float | None:
-        vals = [v for t, v in self.scores.get(shots, {}).items()
-                if self.metrics_used.get(t) not in LOWER_IS_BETTER]
-        return sum(vals) / len(vals) if vals else None
+        """Unweighted mean of the accuracy-type metrics; None unless every such task ran (a mean
+        over a subset is not the suite's number; see partial_mean)."""
+        got = self.scores.get(shots, {})
+        tasks = self._acc_tasks()
+        if not tasks or any(t not in got for t in tasks):
+            return None
+        return sum(got[t] for t in tasks) / len(tasks)
+
+    def partial_mean(self, shots: int) -> tuple[float | None, int]:
+        got = self.scores.get(shots, {})
+        vals = [got[t] for t in self._acc_tasks() if t in got]
+        return (sum(vals) / len(vals) if vals else None), len(vals)
 
     def metrics(self, prefix: str = "lm_eval/") -> dict[str, float]:
         m = {}
@@ -118,6 +130,10 @@ class DownstreamResult:
             mean = self.mean(shots)
             if mean is not None:
                 m[f"{prefix}{self.suite}/mean_{shots}shot"] = mean
+            else:
+                pm, k = self.partial_mean(shots)
+                if pm is not None:
+                    m[f"{prefix}{self.suite}/partial_mean_{shots}shot_{k}_of_{len(self._acc_tasks())}"] = pm
         return m
 
     def to_dict(self):
@@ -136,6 +152,9 @@ class DownstreamResult:
             lines.append(row)
         lines.append("mean (acc-type)".ljust(40) + "".join(
             (f"{100 * self.mean(s):.2f}" if self.mean(s) is not None else "-").rjust(10) for s in shots))
+        if any(self.mean(s) is None and self.partial_mean(s)[0] is not None for s in shots):
+            lines.append("(no suite mean: some tasks did not run; partial means are logged as "
+                         "partial_mean_*)")
         for t, why in self.missing.items():
             lines.append(f"{t}: not run ({why})")
         return "\n".join(lines)

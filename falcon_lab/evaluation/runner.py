@@ -187,7 +187,20 @@ def run_lm_eval(model, tok, train_cfg, ecfg, out: Path):
     from falcon_lab.evaluation.downstream import load_suite, plot_downstream, run_suite
     from falcon_lab.evaluation.lm_eval_adapter import FalconLabLM
     c = ecfg.lm_eval
-    suite = load_suite(str(c.suite))
+    if c.get("tasks"):
+        # task names straight from the command line: "name" (metric acc) or "name:metric"
+        tasks = {}
+        for t in c.tasks:
+            name, _, metric = str(t).partition(":")
+            tasks[name] = metric or "acc"
+        inc = c.get("include_path")
+        if inc:
+            incs = [inc] if isinstance(inc, str) else list(inc)
+            inc = [str(Path(i).expanduser().resolve()) for i in incs]
+        suite = load_suite({"name": "custom", "tasks": tasks, "include_path": inc or None,
+                            "include_defaults": bool(c.get("include_defaults", not inc))})
+    else:
+        suite = load_suite(str(c.suite))
     if c.get("num_fewshot") is not None:
         nf = c.num_fewshot
         suite["num_fewshot"] = [int(nf)] if isinstance(nf, int) else [int(x) for x in nf]
