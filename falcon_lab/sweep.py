@@ -166,20 +166,18 @@ def main(argv: list[str] | None = None) -> int:
                f"{space.n_trials} trials, {space.direction} {space.metric}, sampler "
                f"{space.sampler['name']}, pruner {space.pruner['name']}, workers {opts['workers']}, "
                f"launch {ctx.launch}")
+    rc = 0
     try:
         if opts["workers"] == 1:
-            counts = driver.worker_loop(ctx, 0)
+            rc = 1 if driver.worker_loop(ctx, 0).get("stopped") else 0
         else:
-            driver.run_workers(ctx, opts["workers"], ctx.devices)
-            counts = None
+            rc = driver.run_workers(ctx, opts["workers"], ctx.devices)
     except KeyboardInterrupt:
         driver.finalize(ctx, interrupted=True)
         return 130
     final = driver.finalize(ctx)
     done = final["COMPLETE"] + final["PRUNED"]
-    if counts is not None and counts.get("stopped"):
-        return 1
-    return 0 if done >= ctx.n_trials else 1
+    return 0 if done >= ctx.n_trials and rc == 0 else 1
 
 
 if __name__ == "__main__":

@@ -53,16 +53,19 @@ def toy_runner(overrides: list[str], callbacks: list, tracking: dict) -> dict:
     tags = dict(tracking.get("tags") or {})
     if tracking.get("parent_run_id"):
         tags["mlflow.parentRunId"] = tracking["parent_run_id"]
-    logger = MLFlowLogger(experiment_name=tracking["experiment_name"],
-                          run_name=tracking.get("run_name"), tracking_uri=tracking["tracking_uri"],
-                          tags=tags)
+    logger = None
+    if tracking.get("tracking_uri"):  # None: the sweep runs without MLflow
+        logger = MLFlowLogger(experiment_name=tracking["experiment_name"],
+                              run_name=tracking.get("run_name"),
+                              tracking_uri=tracking["tracking_uri"], tags=tags)
     data = torch.utils.data.DataLoader(torch.zeros(1, 1), batch_size=1)
     trainer = pl.Trainer(max_steps=int(a["toy.steps"]), val_check_interval=1, max_epochs=-1,
-                         limit_val_batches=1, logger=logger, callbacks=callbacks,
+                         limit_val_batches=1, logger=logger or False, callbacks=callbacks,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0,
                          log_every_n_steps=1, accelerator="cpu", devices=1)
     model = _Quadratic(a["toy.lr"], a["toy.sleep"])
     trainer.fit(model, data, data)
-    return {"val_loss": float(trainer.callback_metrics["val/loss"]), "run_id": logger.run_id,
+    return {"val_loss": float(trainer.callback_metrics["val/loss"]),
+            "run_id": logger.run_id if logger else None,
             "ckpt_path": None, "run_dir": None}

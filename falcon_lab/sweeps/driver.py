@@ -101,7 +101,11 @@ def prepare(space: SearchSpace, fit_overrides: list[str], *, study_name: str | N
     from .tracking import default_tracking_uri, open_parent
 
     lg = cfg.get("logger") if cfg is not None else None
-    tracking_uri = (lg.get("tracking_uri") if lg is not None else None) or default_tracking_uri(workdir)
+    tracking_uri = (os.environ.get("MLFLOW_TRACKING_URI")
+                    or (lg.get("tracking_uri") if lg is not None else None)
+                    or default_tracking_uri(workdir))
+    if lg is not None and lg.get("name", "mlflow") in (None, "none", False):
+        tracking = False  # logger=none: the trials log nothing, so no parent run either
     experiment = (lg.get("experiment_name") if lg is not None else None) or "falcon_lab"
     if launch == "auto":
         launch = "subprocess" if _devices_per_trial(cfg) > 1 else "inprocess"
@@ -148,7 +152,8 @@ def prepare(space: SearchSpace, fit_overrides: list[str], *, study_name: str | N
     sweep_dir.mkdir(parents=True, exist_ok=True)
     ctx = SweepContext(space_path=space.path, n_trials=space.n_trials, study_name=study_name,
                        storage=url, fit_overrides=list(fit_overrides),
-                       runner=runner or DEFAULT_RUNNER, launch=launch, tracking_uri=tracking_uri,
+                       runner=runner or DEFAULT_RUNNER, launch=launch,
+                       tracking_uri=tracking_uri if tracking else None,
                        experiment_name=experiment, parent_run_id=parent, sweep_dir=str(sweep_dir),
                        devices=_devices_per_trial(cfg), **timing)
     return ctx
@@ -230,12 +235,58 @@ def _tracking(ctx: SweepContext, study, trial, params: dict) -> dict:
     tags = {"optuna.study": ctx.study_name, "optuna.trial": str(trial.number),
             "falcon_lab.sweep": "trial"}
     tags.update({f"optuna.param.{k}": str(v) for k, v in params.items()})
-    retry = _sys_attrs(study, trial).get(st.RETRY_ATTR)
+    sys_attrs = _sys_attrs(study, trial)
+    retry = sys_attrs.get(st.RETRY_ATTR)
+    out = {"experiment_name": ctx.experiment_name, "tracking_uri": ctx.tracking_uri,
+           "run_name": f"{ctx.study_name}-t{trial.number:03d}",
+           "parent_run_id": ctx.parent_run_id, "tags": tags,
+           "trial_dir": str(trial_dir(ctx, trial.number))}
     if retry is not None:
         tags["optuna.retry_of"] = str(retry)
-    return {"experiment_name": ctx.experiment_name, "tracking_uri": ctx.tracking_uri,
-            "run_name": f"{ctx.study_name}-t{trial.number:03d}",
-            "parent_run_id": ctx.parent_run_id, "tags": tags}
+        prev = sys_attrs.get(st.RETRY_FROM_ATTR, retry)
+        last = trial_dir(ctx, prev) / "checkpoints" / "last.ckpt"
+        if _readable_checkpoint(last):  # continue the killed trial from its last checkpoint
+            out["resume_ckpt"] = str(last)
+    return out
+
+
+def _take_over(ctx: SweepContext, study, trial, tracking: dict) -> None:
+    """A retry of a killed trial: end the killed child run in MLflow as KILLED and, when it
+    resumes from the killed trial's checkpoint, carry over the values that trial reported."""
+    prev_n = _sys_attrs(study, trial)[st.RETRY_FROM_ATTR]
+    prev = study.trials[prev_n] if prev_n < len(study.trials) else None
+    if prev is None:
+        return
+    if tracking.get("resume_ckpt"):
+        log(f"trial {trial.number} resumes trial {prev_n} from {tracking['resume_ckpt']}")
+        for step, value in sorted(prev.intermediate_values.items()):
+            trial.report(value, step)
+    if ctx.tracking_uri:
+        try:
+            from .tracking import kill_stale_children
+
+            kill_stale_children(ctx.tracking_uri, ctx.experiment_name, ctx.study_name, prev_n)
+        except Exception as e:  # bookkeeping only
+            log(f"could not close the MLflow run of trial {prev_n}: {e}")
+
+
+def _readable_checkpoint(path: Path) -> bool:
+    """A complete torch checkpoint (a zip whose central directory is intact): a SIGKILL while
+    writing leaves a truncated file, which must not be resumed from."""
+    import zipfile
+
+    if not path.is_file():
+        return False
+    try:
+        with zipfile.ZipFile(path) as z:
+            return bool(z.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+def trial_dir(ctx: SweepContext, number: int) -> Path:
+    """Each trial's run folder (checkpoints, config): <sweep_dir>/trials/<number>."""
+    return Path(ctx.sweep_dir) / "trials" / f"{number:04d}"
 
 
 def run_trial(ctx: SweepContext, space: SearchSpace, study, trial, runner=None) -> str:
@@ -248,6 +299,8 @@ def run_trial(ctx: SweepContext, space: SearchSpace, study, trial, runner=None) 
     tracking = _tracking(ctx, study, trial, params)
     t0 = time.time()
     log(f"trial {trial.number} start: " + " ".join(trial_overrides(params)))
+    if st.RETRY_FROM_ATTR in _sys_attrs(study, trial):
+        _take_over(ctx, study, trial, tracking)
     try:
         with st.Heartbeat(study, trial._trial_id, ctx.heartbeat):
             if ctx.launch == "subprocess":
@@ -261,7 +314,8 @@ def run_trial(ctx: SweepContext, space: SearchSpace, study, trial, runner=None) 
 
         study.add_trial(optuna.trial.create_trial(
             state=TrialState.WAITING, params=trial.params, distributions=trial.distributions,
-            system_attrs={st.RETRY_ATTR: _sys_attrs(study, trial).get(st.RETRY_ATTR, trial.number)}))
+            system_attrs={st.RETRY_ATTR: _sys_attrs(study, trial).get(st.RETRY_ATTR, trial.number),
+                          st.RETRY_FROM_ATTR: trial.number}))
         raise
     result, history = out.get("result") or {}, out.get("history") or []
     run_id = result.get("run_id")
@@ -282,7 +336,9 @@ def run_trial(ctx: SweepContext, space: SearchSpace, study, trial, runner=None) 
         state, value = "PRUNED", history[-1][1] if history else None
         log(f"trial {trial.number} PRUNED at step {out.get('pruned_at_step')}")
     else:
-        value = _best(history, space.direction)
+        # the best validation value: reported now, or carried over from a resumed killed trial
+        carried = study._storage.get_trial(trial._trial_id).intermediate_values
+        value = _best(list(carried.items()) + list(history), space.direction)
         if value is None:
             msg = (f"metric {space.metric!r} was never logged at a validation; logged metrics: "
                    f"{', '.join(out.get('available_metrics') or []) or 'none'}")
@@ -362,6 +418,7 @@ def worker_loop(ctx: SweepContext, worker: int = 0, runner=None, max_trials: int
     space, study = None, None
     offset = 0
     mine = 0
+    stopped = None
     while True:
         if study is None:
             # per-worker sampler seed offset (ours): otherwise N workers with the same seed would
@@ -385,7 +442,7 @@ def worker_loop(ctx: SweepContext, worker: int = 0, runner=None, max_trials: int
         if real_fail >= space.max_failed:
             log(f"stopping: {real_fail} failed trials reached max_failed={space.max_failed}; "
                 f"see the 'error' of the failed trials (report=true)")
-            c["stopped"] = "max_failed"
+            stopped = "max_failed"
             break
         if max_trials is not None and mine >= max_trials:
             break
@@ -399,7 +456,10 @@ def worker_loop(ctx: SweepContext, worker: int = 0, runner=None, max_trials: int
             continue
         run_trial(ctx, space, study, trial, runner=runner)
         mine += 1
-    return st.counts(study)
+    out = st.counts(study)
+    if stopped:
+        out["stopped"] = stopped
+    return out
 
 
 def main_worker(argv: list[str] | None = None) -> int:
@@ -407,8 +467,8 @@ def main_worker(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ctx = SweepContext.load(argv[0])
     worker = int(argv[1]) if len(argv) > 1 else 0
-    worker_loop(ctx, worker)
-    return 0
+    counts = worker_loop(ctx, worker)
+    return 1 if counts.get("stopped") else 0
 
 
 # ---- many workers ---------------------------------------------------------------------------------

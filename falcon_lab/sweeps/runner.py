@@ -4,7 +4,9 @@
   the sampled parameters), composed by the training config's Compose API;
 - ``callbacks``: Lightning callbacks to add (the step-based pruning callback);
 - ``tracking``: MLflow settings of the child run (``experiment_name``, ``run_name``, ``tags``,
-  ``parent_run_id``, ``tracking_uri``), written into the ``logger.*`` keys of the fit config.
+  ``parent_run_id``, ``tracking_uri``), written into the ``logger.*`` keys of the fit config,
+  plus ``trial_dir`` (the trial's run folder) and, for a retry of a killed trial whose last
+  checkpoint exists, ``resume_ckpt``.
 
 It returns ``falcon_lab.training.run``'s dict (``val_loss``, ``run_id``, ``ckpt_path``,
 ``run_dir``). The default runner is :func:`training_runner`; ``runner=module:function`` on the
@@ -26,12 +28,21 @@ def compose_fit(overrides: list[str]):
     return compose(list(overrides))
 
 
+LOGGER_KEYS = ("experiment_name", "run_name", "tags", "parent_run_id", "tracking_uri")
+
+
 def apply_tracking(cfg, tracking: dict[str, Any]):
+    """Write the child-run settings into ``logger.*``; ``trial_dir`` becomes ``run_dir`` and
+    ``resume_ckpt`` becomes ``ckpt_path`` unless the user set those explicitly."""
     from omegaconf import open_dict
 
     with open_dict(cfg):
+        if tracking.get("trial_dir") and not cfg.get("run_dir"):
+            cfg.run_dir = tracking["trial_dir"]
+        if tracking.get("resume_ckpt") and not cfg.get("ckpt_path"):
+            cfg.ckpt_path = tracking["resume_ckpt"]
         for k, v in tracking.items():
-            if v is None:
+            if v is None or k not in LOGGER_KEYS:
                 continue
             if k == "tags":
                 old = cfg.logger.get("tags") or {}
@@ -41,11 +52,24 @@ def apply_tracking(cfg, tracking: dict[str, Any]):
     return cfg
 
 
-def training_runner(overrides: list[str], callbacks: list, tracking: dict[str, Any]) -> dict:
-    from falcon_lab import training
+def _training_run():
+    import inspect
 
+    import falcon_lab.training as training
+
+    fn = training.run
+    if inspect.ismodule(fn):  # a submodule named `run` can shadow the package's run() function
+        fn = fn.run
+    return fn
+
+
+def training_runner(overrides: list[str], callbacks: list, tracking: dict[str, Any]) -> dict:
+    """Compose the fit config with the trial's overrides, point its logger at the child run, train."""
     cfg = apply_tracking(compose_fit(overrides), tracking)
-    return training.run(cfg, callbacks=callbacks)
+    return _training_run()(cfg, callbacks=callbacks)
+
+
+training_runner.compose = compose_fit  # the driver checks searched keys against this config
 
 
 def load_runner(spec: str | None) -> Runner:

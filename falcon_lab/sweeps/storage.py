@@ -27,7 +27,8 @@ from pathlib import Path
 HEARTBEAT_ATTR = "falcon_lab:heartbeat"
 HOST_ATTR = "falcon_lab:host"
 PID_ATTR = "falcon_lab:pid"
-RETRY_ATTR = "falcon_lab:retry_of"
+RETRY_ATTR = "falcon_lab:retry_of"      # number of the original trial a retry repeats
+RETRY_FROM_ATTR = "falcon_lab:retry_from"  # number of the failed trial it replaces (resume source)
 
 
 class StorageError(ValueError):
@@ -180,7 +181,7 @@ def recover_stale(study, grace: float, max_retry: int = 2) -> list[int]:
         if t.params and retries < max_retry:
             study.add_trial(optuna.trial.create_trial(
                 state=TrialState.WAITING, params=t.params, distributions=t.distributions,
-                system_attrs={RETRY_ATTR: origin}))
+                system_attrs={RETRY_ATTR: origin, RETRY_FROM_ATTR: t.number}))
     return failed
 
 

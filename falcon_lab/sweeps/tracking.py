@@ -82,6 +82,22 @@ def tag_child(uri: str, run_id: str | None, tags: dict[str, Any]) -> None:
     client.log_batch(run_id, tags=[RunTag(k, _short(v)) for k, v in tags.items()])
 
 
+def kill_stale_children(uri: str, experiment: str, study_name: str, number: int) -> list[str]:
+    """Mark the still-RUNNING child run(s) of a killed trial as KILLED; returns their ids."""
+    client = _client(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    runs = client.search_runs(
+        [exp.experiment_id],
+        f"tags.`optuna.study` = '{study_name}' and tags.`optuna.trial` = '{number}' "
+        f"and attributes.status = 'RUNNING'")
+    for r in runs:
+        client.set_tag(r.info.run_id, "optuna.state", "FAIL")
+        client.set_terminated(r.info.run_id, status="KILLED")
+    return [r.info.run_id for r in runs]
+
+
 def finalize_parent(uri: str, run_id: str, study, *, files: list[Path], status: str) -> None:
     """Best value/params, counts and artifacts on the parent run; then end it with ``status``."""
     from mlflow.entities import Metric, RunTag
