@@ -180,7 +180,7 @@ def position_curve(model, tokenizer, texts: Iterable[str], *, seq_len: int, n_wi
 # ---------------------------------------------------------------------------------------------
 HUB_SOURCES = {
     # name: (dataset path, config, split, text field) -- ours: the document-level WikiText-2 test
-    # split lm-eval's `wikitext` task uses, LAMBADA (OpenAI) test, a FineWeb-Edu sample
+    # split lm-eval's `wikitext` task uses, LAMBADA (OpenAI) test, FineWeb-Edu's held-out documents
     "wikitext": ("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test", "page"),
     "lambada": ("EleutherAI/lambada_openai", "default", "test", "text"),
     "fineweb_edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", "text"),
@@ -200,8 +200,9 @@ def load_texts(source: str, *, max_docs: int | None = None, max_chars: int | Non
     - ``text:PATH`` / ``*.txt``: a text file, documents separated by blank lines (ours);
     - ``jsonl:PATH`` / ``*.jsonl``: one JSON object per line with a ``text`` field;
     - ``wikitext``, ``lambada``, ``fineweb_edu``: through ``datasets`` when the hub (or its cache)
-      is reachable; FineWeb-Edu streams its first ``max_docs`` documents (ours: the sample has no
-      validation split, and the platform's FineWeb training shards skip those documents).
+      is reachable; FineWeb-Edu streams the first ``max_docs`` of the documents the platform's LM
+      datamodule holds out of FineWeb training (its 1% hash split of stream indices; the sample has
+      no validation split of its own).
     """
     if source == "corpus":
         docs = _corpus_val_texts(data_cfg)
@@ -258,9 +259,13 @@ def _hub_texts(source, max_docs):
     try:
         import datasets
         if source == "fineweb_edu":
+            import zlib
             ds = datasets.load_dataset(path, config, split=split, streaming=True)
             out = []
-            for ex in ds:
+            for i, ex in enumerate(ds):
+                # the documents the LM datamodule holds out of FineWeb training (its 1% hash split)
+                if zlib.crc32(str(i).encode()) % 100 >= 1:
+                    continue
                 out.append(ex[fieldname])
                 if len(out) >= (max_docs or 200):
                     break
