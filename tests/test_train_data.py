@@ -85,3 +85,18 @@ def test_token_cache_is_memory_mapped(tmp_path):
 def test_unknown_datamodule_names_the_key():
     with pytest.raises(ValueError, match="data.name"):
         build_datamodule(OmegaConf.create({"name": "nope"}))
+
+
+def test_bpe_trained_on_the_split_roundtrips():
+    pytest.importorskip("tokenizers")
+    from falcon_lab.data.tokenizer import BPETokenizer, tokenizer_from_state
+
+    docs = [d["text"] for d in load_kjv("train")[:200]]
+    tok = BPETokenizer.train(docs, vocab_size=512)
+    text = "And God said unto Moses, I AM THAT I AM: ünïcode too"
+    ids = tok.encode(text, add_bos=True, add_eos=True)
+    assert tok.decode(ids) == text and ids[0] == tok.bos_id and ids[-1] == tok.eos_id
+    assert len({tok.bos_id, tok.eos_id, tok.pad_id}) == 3 and tok.vocab_size % 64 == 0
+    assert len(ids) < 0.6 * len(text.encode())  # merges learned from the corpus compress it
+    again = tokenizer_from_state(tok.state())
+    assert again.encode(text) == tok.encode(text)

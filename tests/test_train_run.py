@@ -102,3 +102,14 @@ def test_load_checkpoint_and_generate(tmp_path, monkeypatch):
     assert out.shape == (1, ids.shape[1] + 5)
     with pytest.raises(FileNotFoundError, match="ckpt"):
         load_checkpoint(str(tmp_path / "none.ckpt"))
+
+
+@pytest.mark.parametrize("extra", [["data.tokenizer=bpe", "data.bpe_vocab_size=512"],
+                                   ["data.cu_seqlens=true"], ["data.cu_seqlens=true", "mixer=attention"]])
+def test_bpe_and_document_resets_train_and_reload(extra, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = run(compose(["debug=smoke", "logger=none", "data.seq_len=32", "trainer.max_steps=2"] + extra))
+    assert torch.isfinite(torch.tensor(res["final_val_loss"]))
+    model, tok, cfg = load_checkpoint(res["ckpt_path"])
+    assert tok.decode(tok.encode("In the beginning")) == "In the beginning"
+    assert model.vocab_size == tok.vocab_size

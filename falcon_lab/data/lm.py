@@ -166,7 +166,13 @@ class LMDataModule(L.LightningDataModule):
         super().__init__()
         self.cfg = cfg
         self.seed = int(cfg.get("seed", seed) if cfg.get("seed", None) is not None else seed)
-        self.tokenizer = build_tokenizer(cfg.get("tokenizer", "byte"))
+        name = cfg.get("tokenizer", "byte")
+        if name == "bpe":
+            if cfg.get("source", "kjv") == "fineweb":
+                raise ValueError("data.tokenizer=bpe is not supported with data.source=fineweb (use gpt2)")
+            self.tokenizer = build_tokenizer("bpe", self.documents("train"), int(cfg.get("bpe_vocab_size") or 4096))
+        else:
+            self.tokenizer = build_tokenizer(name)
         self.seq_len = int(cfg.seq_len)
         self.batch_size = int(cfg.batch_size)
         self.val_batch_size = int(cfg.get("val_batch_size") or cfg.batch_size)
@@ -199,7 +205,7 @@ class LMDataModule(L.LightningDataModule):
         if not cache:
             return None
         key = json.dumps({k: str(self.cfg.get(k)) for k in ("source", "path", "val_path", "text_field",
-                          "tokenizer", "sample_by", "val_percent", "max_tokens", "hf_name", "hf_config")}
+                          "tokenizer", "bpe_vocab_size", "sample_by", "val_percent", "max_tokens", "hf_name", "hf_config")}
                          | {"split": split}, sort_keys=True)
         return Path(cache).expanduser().resolve() / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.npy"
 

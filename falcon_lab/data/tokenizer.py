@@ -1,6 +1,8 @@
 """Tokenizers. Built in: a byte-level tokenizer (256 bytes + BOS/EOS/PAD, vocab padded to 64).
 
-Optional (when the package is installed): GPT-2 BPE through `tiktoken` (name "gpt2"), plus a BOS id.
+Also: "bpe", a byte-level BPE trained with Hugging Face `tokenizers` on the training split (stored
+inside checkpoints, so a checkpoint always decodes with its own merges), and "gpt2" (GPT-2's BPE via
+`tiktoken`, which fetches its merge table once: it needs the internet or tiktoken's cache).
 """
 from __future__ import annotations
 
@@ -73,10 +75,66 @@ class TiktokenTokenizer:
         return {"name": self.name}
 
 
-def build_tokenizer(name: str = "byte"):
-    """`data.tokenizer`: "byte" (built in) or "gpt2" (tiktoken)."""
+class BPETokenizer:
+    """Byte-level BPE (Hugging Face `tokenizers`): specials <|bos|>=0, <|eos|>=1, <|pad|>=2 (ours)."""
+
+    name = "bpe"
+    SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")
+
+    def __init__(self, tokenizer_json: str, pad_to: int = 64):
+        from tokenizers import Tokenizer
+
+        self._json = tokenizer_json
+        self._tok = Tokenizer.from_str(tokenizer_json)
+        self.bos_id, self.eos_id, self.pad_id = (self._tok.token_to_id(t) for t in self.SPECIALS)
+        self.n_tokens = self._tok.get_vocab_size()
+        self.vocab_size = _round_up(self.n_tokens, pad_to)
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int = 4096) -> "BPETokenizer":
+        try:
+            from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError("data.tokenizer=bpe needs `pip install tokenizers`") from e
+        if vocab_size < 300:
+            raise ValueError(f"data.bpe_vocab_size: must be >= 300 (256 bytes + specials), got {vocab_size}")
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(cls.SPECIALS),
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok.to_str())
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return ([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else [])
+
+    def decode(self, ids: Iterable[int]) -> str:
+        special = {self.bos_id, self.eos_id, self.pad_id}
+        return self._tok.decode([int(i) for i in ids if int(i) < self.n_tokens and int(i) not in special])
+
+    def state(self) -> dict:
+        return {"name": self.name, "json": self._json}
+
+
+def build_tokenizer(name: str = "byte", train_texts=None, bpe_vocab_size: int = 4096):
+    """`data.tokenizer`: "byte" (built in), "bpe" (trained on `train_texts`), "gpt2" (tiktoken)."""
     if name == "byte":
         return ByteTokenizer()
+    if name == "bpe":
+        if train_texts is None:
+            raise ValueError("data.tokenizer=bpe: needs the training texts to learn its merges")
+        return BPETokenizer.train(train_texts, int(bpe_vocab_size))
     if name in ("gpt2", "tiktoken"):
         return TiktokenTokenizer()
-    raise ValueError(f"data.tokenizer: unknown tokenizer {name!r} (choose 'byte' or 'gpt2')")
+    raise ValueError(f"data.tokenizer: unknown tokenizer {name!r} (choose 'byte', 'bpe' or 'gpt2')")
+
+
+def tokenizer_from_state(state) -> object:
+    """Rebuild a tokenizer from `tokenizer.state()` (or a bare name, for older checkpoints)."""
+    if isinstance(state, str):
+        state = {"name": state}
+    if state.get("name") == "bpe":
+        return BPETokenizer(state["json"])
+    return build_tokenizer(state.get("name", "byte"))

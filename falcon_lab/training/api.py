@@ -58,7 +58,8 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
     dm = build_datamodule(cfg.data, seed=int(cfg.seed))
     tokenizer = dm.tokenizer
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
-    module = LitLM(cfg_dict, vocab_size=tokenizer.vocab_size, tokenizer_name=getattr(tokenizer, "name", "byte"))
+    tok_state = tokenizer.state() if hasattr(tokenizer, "state") else {"name": getattr(tokenizer, "name", "byte")}
+    module = LitLM(cfg_dict, vocab_size=tokenizer.vocab_size, tokenizer_name=tok_state)
     module.tokenizer = tokenizer
     checks = cfg.get("checks") or {}
     if checks.get("shuffle", True) and cfg.data.name == "lm" and cfg.data.get("source", "kjv") == "kjv":
@@ -149,7 +150,7 @@ def _flat_params(cfg) -> dict:
 
 def load_checkpoint(path: str, map_location="cpu"):
     """(model (eval mode), tokenizer, cfg) from a checkpoint written by `run`."""
-    from falcon_lab.data.tokenizer import build_tokenizer
+    from falcon_lab.data.tokenizer import tokenizer_from_state
     from falcon_lab.models import build_model
     from falcon_lab.training.module import mup_width_mult
 
@@ -160,7 +161,7 @@ def load_checkpoint(path: str, map_location="cpu"):
     if "cfg" not in hp:
         raise ValueError(f"ckpt: {path} was not written by falcon_lab.training (no cfg in hyper_parameters)")
     cfg = OmegaConf.create(hp["cfg"])
-    tokenizer = build_tokenizer(hp.get("tokenizer_name", "byte"))
+    tokenizer = tokenizer_from_state(hp.get("tokenizer_name", "byte"))
     width_mult = mup_width_mult(hp["cfg"]["model"], hp["cfg"]["optim"])
     model = build_model(hp["cfg"]["model"], hp["cfg"]["mixer"], int(hp["vocab_size"]), logit_scale=1.0 / width_mult)
     sd = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}

@@ -41,7 +41,9 @@ def shuffled_words(sentence: str, rng: random.Random) -> str:
 
 
 class LitLM(L.LightningModule):
-    def __init__(self, cfg: dict, vocab_size: int, tokenizer_name: str = "byte"):
+    def __init__(self, cfg: dict, vocab_size: int, tokenizer_name: str | dict = "byte"):
+        # tokenizer_name: the tokenizer's state() ({"name": "byte"}, or a BPE with its merges) so that
+        # load_checkpoint rebuilds exactly the tokenizer the model was trained with
         super().__init__()
         self.save_hyperparameters()
         self.cfg = cfg

@@ -85,8 +85,8 @@ def validate_config(cfg: DictConfig) -> None:
                     _resolve_files(cfg.data.val_path, "data.val_path")
             except FileNotFoundError as e:
                 raise ConfigError(str(e)) from None
-        if cfg.data.get("tokenizer", "byte") not in ("byte", "gpt2", "tiktoken"):
-            raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} is not one of byte, gpt2")
+        if cfg.data.get("tokenizer", "byte") not in ("byte", "bpe", "gpt2", "tiktoken"):
+            raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} is not one of byte, bpe, gpt2")
     # ---- resume
     ck = cfg.get("ckpt_path")
     if ck and ck not in ("last",) and not os.path.isfile(str(ck)):
