@@ -395,6 +395,7 @@ def _run_job(ctx, space, trial, overrides, tracking) -> dict:
     result.unlink(missing_ok=True)
     spec.write_text(json.dumps({
         "storage": ctx.storage, "study_name": ctx.study_name, "trial_id": trial._trial_id,
+        "space_path": ctx.space_path,
         "metric": space.metric, "direction": space.direction, "runner": ctx.runner,
         "overrides": overrides, "tracking": tracking, "result_path": str(result)}))
     proc = subprocess.run([sys.executable, "-m", "falcon_lab.sweeps.job", str(spec)])

@@ -30,8 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     trial = None
     if _rank_zero():
+        from falcon_lab.sweeps.space import load_space
+
+        # the study's pruner decides should_prune(): rebuild it from the search space
+        pruner = load_space(spec["space_path"]).make_pruner()
         study = optuna.load_study(study_name=spec["study_name"],
-                                  storage=open_storage(spec["storage"]))
+                                  storage=open_storage(spec["storage"]), pruner=pruner)
         trial = optuna.trial.Trial(study, spec["trial_id"])
     cb = StepPruningCallback(trial, spec["metric"], spec["direction"])
     out: dict = {}
