@@ -21,6 +21,7 @@ def main(argv=None):
     c = sub.add_parser("check", help="GPU correctness check of the Triton kernels")
     c.add_argument("--out", default="benchmarks/results")
     c.add_argument("--quick", action="store_true")
+    c.add_argument("--final", action="store_true")
     a = ap.parse_args(argv)
     import torch
 
@@ -37,7 +38,7 @@ def main(argv=None):
     else:
         from falcon_lab.benchmarking.gpu_check import main as check
 
-        sys.exit(1 if check(["--out", a.out] + (["--quick"] if a.quick else [])) else 0)
+        sys.exit(1 if check(["--out", a.out] + (["--quick"] if a.quick else []) + (["--final"] if a.final else [])) else 0)
 
 
 if __name__ == "__main__":

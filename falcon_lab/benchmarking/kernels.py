@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-SHAPES = [(16, 2048, 12, 64), (4, 8192, 12, 64), (16, 2048, 6, 128), (1, 32768, 6, 128)]
+# the two target shapes of the issue first, so a run cut short still has them
+SHAPES = [(16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128)]
 FALCON = ["falcon-1", "falcon-2", "falcon-3", "falcon-1A", "falcon-2A", "falcon-3A"]
 OPS = FALCON + ["fla_chunk_delta_rule", "sdpa_flash", "torch_chunk_falcon-1"]
 HBM_BPS = 4.8e12  # H200 datasheet
@@ -143,13 +144,13 @@ def time_op(op, shape, profile_dir=None):
     ins = [t.requires_grad_(True) for t in make_inputs(op, B, T, H, K, V)]
     fn = make_fn(op)
     with torch.no_grad():
-        fwd = triton.testing.do_bench(lambda: fn(*ins), warmup=50, rep=200, return_mode="median")
+        fwd = triton.testing.do_bench(lambda: fn(*ins), warmup=25, rep=100, return_mode="median")
     do = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16)
 
     def fb():
         fn(*ins).backward(do)
 
-    fwdbwd = triton.testing.do_bench(fb, warmup=50, rep=200, grad_to_none=ins, return_mode="median")
+    fwdbwd = triton.testing.do_bench(fb, warmup=25, rep=100, grad_to_none=ins, return_mode="median")
     torch.cuda.synchronize()
     for t in ins:
         t.grad = None
@@ -172,6 +173,62 @@ def time_op(op, shape, profile_dir=None):
     return fwd, fwdbwd, peak
 
 
+def time_core(op, shape):
+    """The Triton core alone (docs/kernel-contract.md) on inputs prepared once by the shared prep:
+    separates kernel time from the torch prep (shift, NLMS step, clamp, statistic) and autograd glue."""
+    import triton
+
+    from falcon_lab.kernels.prep import VARIANTS, effective_window, prepare
+    from falcon_lab.kernels.triton import core
+
+    B, T, H, K = shape
+    variant = op.split("-")[-1]
+    delta = VARIANTS[variant][0]
+    W = effective_window(variant, WINDOW)
+    q, k, v, beta, lam = make_inputs(op, B, T, H, K, K)
+    with torch.no_grad():
+        ci = prepare(k, v, beta, lam, variant=variant, window=WINDOW, step="nlms", lam_mode="scaled",
+                     shift=True, eps=1e-6, eps_gamma=1e-4, seen=torch.zeros(B, dtype=torch.long, device="cuda"))
+    ins = [t.detach().contiguous().requires_grad_(True) for t in (q, ci.xw, ci.vw, ci.eta, ci.g)]
+
+    def fn():
+        return core(*ins, None, delta=delta, window=W, read_after=True, chunk_size=64)[0]
+
+    with torch.no_grad():
+        fwd = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    do = torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16)
+    fwdbwd = triton.testing.do_bench(lambda: fn().backward(do), warmup=25, rep=100, grad_to_none=ins,
+                                     return_mode="median")
+    return fwd, fwdbwd
+
+
+def time_decode(shape):
+    """One Falcon-1 decoding step (T = 1 with a state) through the public op, eager and replayed
+    from a CUDA graph."""
+    import triton
+
+    from falcon_lab.kernels import chunk_falcon
+
+    B, _, H, K = shape
+    q, k, v, beta, lam = make_inputs("falcon-1", B, 2, H, K, K)
+    kw = dict(variant="1", window=WINDOW, lam_mode="scaled", backend="triton")
+    with torch.no_grad():
+        _, st = chunk_falcon(q[:, :1], k[:, :1], v[:, :1], beta[:, :1], lam[:, :1], output_final_state=True, **kw)
+        step = [t[:, 1:2].contiguous() for t in (q, k, v, beta, lam)]
+        eager = triton.testing.do_bench(lambda: chunk_falcon(*step, initial_state=st, output_final_state=True, **kw),
+                                        warmup=25, rep=100, return_mode="median")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            chunk_falcon(*step, initial_state=st, output_final_state=True, **kw)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            chunk_falcon(*step, initial_state=st, output_final_state=True, **kw)
+        graph = triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median")
+    return eager, graph
+
+
 def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
     import triton
 
@@ -184,9 +241,12 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
     rows = []
     t0 = time.time()
     checked = {}
-    for shape in shapes:
+    # fla last (its first-call autotuning takes minutes), target shapes first
+    plan = [(s, o) for s in shapes for o in ops if o != "fla_chunk_delta_rule"]
+    plan += [(s, o) for s in shapes for o in ops if o == "fla_chunk_delta_rule"]
+    for shape, op in plan:
         B, T, H, K = shape
-        for op in ops:
+        if True:
             key = (op, K)
             row = dict(op=op, B=B, T=T, H=H, K=K, V=K, window=WINDOW if op in ("falcon-3", "falcon-3A") else 1,
                        dtype="bfloat16", fwd_ms=None, fwdbwd_ms=None, peak_mem_mb=None, **meta)
@@ -205,17 +265,25 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
                 continue
             try:
                 prof = str(out) if (profile and ((shape == shapes[0] and op in ("falcon-1", "falcon-1A", "fla_chunk_delta_rule"))
-                                                   or (shape == shapes[-1] and op == "falcon-1"))) else None
+                                                   or (shape == shapes[1] and op == "falcon-1"))) else None
                 fwd, fwdbwd, peak = time_op(op, shape, profile_dir=prof)
                 row.update(fwd_ms=round(fwd, 4), fwdbwd_ms=round(fwdbwd, 4), peak_mem_mb=round(peak, 1))
                 row["bw_floor_frac_fwd"] = round(bytes_floor(op, B, T, H, K, K, True) / HBM_BPS * 1e3 / fwd, 4)
                 row["bw_floor_frac_fwdbwd"] = round(bytes_floor(op, B, T, H, K, K, False) / HBM_BPS * 1e3 / fwdbwd, 4)
+                if op in ("falcon-1", "falcon-1A", "falcon-3A"):
+                    cf, cfb = time_core(op, shape)
+                    row.update(core_fwd_ms=round(cf, 4), core_fwdbwd_ms=round(cfb, 4))
+                    row["core_bw_floor_frac_fwdbwd"] = round(bytes_floor(op, B, T, H, K, K, False) / HBM_BPS * 1e3 / cfb, 4)
+                if op == "falcon-1" and shape == shapes[0]:
+                    de, dg = time_decode(shape)
+                    row.update(decode_step_eager_ms=round(de, 4), decode_step_graph_ms=round(dg, 4))
             except Exception as e:
                 row["note"] = f"timing failed: {type(e).__name__}: {e}"[:300]
             rows.append(row)
             print(f"[{time.time() - t0:6.1f}s] {op:22s} {shape} fwd {row['fwd_ms']} ms fwd+bwd {row['fwdbwd_ms']} ms "
                   f"peak {row['peak_mem_mb']} MB {row.get('note', '')[:100]}", flush=True)
             torch.cuda.empty_cache()
+            (out / "kernels_h200.json").write_text(json.dumps(rows, indent=1))  # after every row
     (out / "kernels_h200.json").write_text(json.dumps(rows, indent=1))
     plot(rows, out / "kernels_h200.png")
     print(summary(rows))
@@ -224,10 +292,15 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
 
 
 def summary(rows):
-    lines = ["| op | B×T×H×K | fwd ms | fwd+bwd ms | peak MB | floor frac fwd+bwd | note |", "|---|---|---|---|---|---|---|"]
+    lines = ["| op | B×T×H×K | fwd ms | fwd+bwd ms | core fwd ms | core fwd+bwd ms | peak MB | floor frac fwd+bwd (op / core) | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['op']} | {r['B']}×{r['T']}×{r['H']}×{r['K']} | {r['fwd_ms']} | {r['fwdbwd_ms']} | "
-                     f"{r['peak_mem_mb']} | {r.get('bw_floor_frac_fwdbwd')} | {r.get('note', '')[:80]} |")
+                     f"{r.get('core_fwd_ms', '')} | {r.get('core_fwdbwd_ms', '')} | {r['peak_mem_mb']} | "
+                     f"{r.get('bw_floor_frac_fwdbwd')} / {r.get('core_bw_floor_frac_fwdbwd', '')} | {r.get('note', '')[:80]} |")
+        if r.get("decode_step_graph_ms") is not None:
+            lines.append(f"| falcon-1 decode step (T=1, state) | {r['B']}×1×{r['H']}×{r['K']} | eager {r['decode_step_eager_ms']} | "
+                         f"CUDA graph {r['decode_step_graph_ms']} | | | | | |")
     return "\n".join(lines) + "\n"
 
 

@@ -50,45 +50,149 @@ def _empty(shape, dtype, device):
 # forward
 # ------------------------------------------------------------------------------------------------
 @triton.jit
+def _ld_blk(X, ETA, G, b, h, row0, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
+    """One 16-row block of a chunk: keys, step, log-decay, token indices, row mask."""
+    j = tl.arange(0, 16)
+    rows = row0 + j
+    rm = rows < T
+    tok = (b * T + rows).to(tl.int64) * H + h
+    xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+    ck = tl.arange(0, BK)
+    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :], other=0.)
+    eta = tl.load(ETA + tok, mask=rm, other=0.).to(tl.float32)
+    g = tl.load(G + tok, mask=rm, other=0.).to(tl.float32)
+    return x, eta, g, tok, xtok, rm
+
+
+@triton.jit
+def _blk_L(xa, uba, xb, ub_, etab, PREC: tl.constexpr):
+    """L block (rows of block a, columns of block b): (x_s·x_r) e^{ub_s - u_r} η_r."""
+    gr = tl.dot(xa, tl.trans(xb), input_precision=PREC)
+    return gr * tl.exp(tl.minimum(uba[:, None] - ub_[None, :], 0.)) * etab[None, :]
+
+
+@triton.jit
+def _inv16(L):
+    """(I + L)^{-1} of a strictly lower 16 x 16 block by forward substitution."""
+    i = tl.arange(0, 16)
+    Ai = tl.where(i[:, None] == i[None, :], 1., 0.)
+    for r in range(1, 16):
+        lr = tl.sum(tl.where(i[:, None] == r, L, 0.), 0)
+        new = tl.sum(lr[:, None] * Ai, 0)
+        Ai = tl.where(i[:, None] == r, (tl.where(i == r, 1., 0.) - new)[None, :], Ai)
+    return Ai
+
+
+@triton.jit
+def _st_A(A, tok, rm, col0, blk, C: tl.constexpr):
+    j = tl.arange(0, 16)
+    tl.store(A + tok[:, None] * C + (col0 + j)[None, :], blk, mask=rm[:, None])
+
+
+@triton.jit
 def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-              C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+              C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+              IPREC: tl.constexpr):
+    """Per chunk: A = (I + L)^{-1} by 16 x 16 blocks (diagonal blocks by forward substitution, the
+    rest by block substitution A_ab = -A_aa Σ_{b<=c<a} L_ac A_cb with small dots), then
+    Wt = A diag(e^{ub}) X and Vt = A V. NB = C / 16 blocks (1, 2 or 4)."""
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    i = tl.arange(0, C)
-    rows = n * C + i
-    rmask = rows < T
-    tok = (b * T + rows).to(tl.int64) * H + h
-    xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+    NB: tl.constexpr = C // 16
+    j = tl.arange(0, 16)
+    strict = j[:, None] > j[None, :]
+    zero = tl.zeros([16, 16], dtype=tl.float32)
     ck = tl.arange(0, BK)
     kmask = ck < K
-    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
-    dt = x.dtype
-    eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
-    g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
-    u = tl.cumsum(g, 0)
-    ub = u - g
-    gram = tl.dot(x, tl.trans(x), input_precision=PREC)
-    strict = i[:, None] > i[None, :]
-    L = tl.where(strict, gram * tl.exp(tl.minimum(ub[:, None] - u[None, :], 0.)) * eta[None, :], 0.)
-    # A = (I + L)^{-1} by forward substitution, one row at a time (L strictly lower).
-    Ai = tl.where(i[:, None] == i[None, :], 1., 0.)
-    for r in range(1, C):
-        lr = tl.sum(tl.where(i[:, None] == r, L, 0.), 0)          # row r of L, by column j
-        new = tl.sum(lr[:, None] * Ai, 0)                         # Σ_j L[r, j] A[j, :]
-        Ai = tl.where(i[:, None] == r, (tl.where(i == r, 1., 0.) - new)[None, :], Ai)
-    tl.store(A + tok[:, None] * C + i[None, :], Ai, mask=rmask[:, None])
-    Ad = Ai.to(dt)
-    xs = (x.to(tl.float32) * tl.exp(ub)[:, None]).to(dt)
-    wt = tl.dot(Ad, xs, input_precision=PREC)
-    tl.store(WT + tok[:, None] * K + ck[None, :], wt.to(dt), mask=rmask[:, None] & kmask[None, :])
+    x0, e0, g0, tok0, xt0, m0 = _ld_blk(X, ETA, G, b, h, n * C, T, XT, XOFF, H, K, BK)
+    dt = x0.dtype
+    u0 = tl.cumsum(g0, 0)
+    ub0 = u0 - g0
+    A00 = _inv16(tl.where(strict, _blk_L(x0, ub0, x0, u0, e0, PREC), 0.))
+    _st_A(A, tok0, m0, 0, A00, C)
+    if NB >= 2:
+        x1, e1, g1, tok1, xt1, m1 = _ld_blk(X, ETA, G, b, h, n * C + 16, T, XT, XOFF, H, K, BK)
+        u1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
+        ub1 = u1 - g1
+        L10 = _blk_L(x1, ub1, x0, u0, e0, PREC)
+        A11 = _inv16(tl.where(strict, _blk_L(x1, ub1, x1, u1, e1, PREC), 0.))
+        A10 = -tl.dot(A11, tl.dot(L10, A00, input_precision=IPREC), input_precision=IPREC)
+        _st_A(A, tok0, m0, 16, zero, C)
+        _st_A(A, tok1, m1, 0, A10, C)
+        _st_A(A, tok1, m1, 16, A11, C)
+    if NB >= 4:
+        x2, e2, g2, tok2, xt2, m2 = _ld_blk(X, ETA, G, b, h, n * C + 32, T, XT, XOFF, H, K, BK)
+        u2 = tl.cumsum(g2, 0) + tl.sum(g0, 0) + tl.sum(g1, 0)
+        ub2 = u2 - g2
+        x3, e3, g3, tok3, xt3, m3 = _ld_blk(X, ETA, G, b, h, n * C + 48, T, XT, XOFF, H, K, BK)
+        u3 = tl.cumsum(g3, 0) + tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0)
+        ub3 = u3 - g3
+        L20 = _blk_L(x2, ub2, x0, u0, e0, PREC)
+        L21 = _blk_L(x2, ub2, x1, u1, e1, PREC)
+        L30 = _blk_L(x3, ub3, x0, u0, e0, PREC)
+        L31 = _blk_L(x3, ub3, x1, u1, e1, PREC)
+        L32 = _blk_L(x3, ub3, x2, u2, e2, PREC)
+        A22 = _inv16(tl.where(strict, _blk_L(x2, ub2, x2, u2, e2, PREC), 0.))
+        A33 = _inv16(tl.where(strict, _blk_L(x3, ub3, x3, u3, e3, PREC), 0.))
+        A21 = -tl.dot(A22, tl.dot(L21, A11, input_precision=IPREC), input_precision=IPREC)
+        A20 = -tl.dot(A22, tl.dot(L20, A00, input_precision=IPREC) + tl.dot(L21, A10, input_precision=IPREC),
+                      input_precision=IPREC)
+        A32 = -tl.dot(A33, tl.dot(L32, A22, input_precision=IPREC), input_precision=IPREC)
+        A31 = -tl.dot(A33, tl.dot(L31, A11, input_precision=IPREC) + tl.dot(L32, A21, input_precision=IPREC),
+                      input_precision=IPREC)
+        A30 = -tl.dot(A33, tl.dot(L30, A00, input_precision=IPREC) + tl.dot(L31, A10, input_precision=IPREC)
+                      + tl.dot(L32, A20, input_precision=IPREC), input_precision=IPREC)
+        _st_A(A, tok0, m0, 32, zero, C)
+        _st_A(A, tok0, m0, 48, zero, C)
+        _st_A(A, tok1, m1, 32, zero, C)
+        _st_A(A, tok1, m1, 48, zero, C)
+        _st_A(A, tok2, m2, 0, A20, C)
+        _st_A(A, tok2, m2, 16, A21, C)
+        _st_A(A, tok2, m2, 32, A22, C)
+        _st_A(A, tok2, m2, 48, zero, C)
+        _st_A(A, tok3, m3, 0, A30, C)
+        _st_A(A, tok3, m3, 16, A31, C)
+        _st_A(A, tok3, m3, 32, A32, C)
+        _st_A(A, tok3, m3, 48, A33, C)
+    # Wt = A diag(e^{ub}) X, block rows
+    xs0 = (x0.to(tl.float32) * tl.exp(ub0)[:, None]).to(dt)
+    km0 = m0[:, None] & kmask[None, :]
+    tl.store(WT + tok0[:, None] * K + ck[None, :], tl.dot(A00.to(dt), xs0, input_precision=PREC).to(dt), mask=km0)
+    if NB >= 2:
+        xs1 = (x1.to(tl.float32) * tl.exp(ub1)[:, None]).to(dt)
+        w1 = tl.dot(A10.to(dt), xs0, input_precision=PREC) + tl.dot(A11.to(dt), xs1, input_precision=PREC)
+        tl.store(WT + tok1[:, None] * K + ck[None, :], w1.to(dt), mask=m1[:, None] & kmask[None, :])
+    if NB >= 4:
+        xs2 = (x2.to(tl.float32) * tl.exp(ub2)[:, None]).to(dt)
+        xs3 = (x3.to(tl.float32) * tl.exp(ub3)[:, None]).to(dt)
+        w2 = (tl.dot(A20.to(dt), xs0, input_precision=PREC) + tl.dot(A21.to(dt), xs1, input_precision=PREC)
+              + tl.dot(A22.to(dt), xs2, input_precision=PREC))
+        tl.store(WT + tok2[:, None] * K + ck[None, :], w2.to(dt), mask=m2[:, None] & kmask[None, :])
+        w3 = (tl.dot(A30.to(dt), xs0, input_precision=PREC) + tl.dot(A31.to(dt), xs1, input_precision=PREC)
+              + tl.dot(A32.to(dt), xs2, input_precision=PREC) + tl.dot(A33.to(dt), xs3, input_precision=PREC))
+        tl.store(WT + tok3[:, None] * K + ck[None, :], w3.to(dt), mask=m3[:, None] & kmask[None, :])
+    # Vt = A V, block rows, per value block
     for vb in range(0, tl.cdiv(V, BV)):
         cv = vb * BV + tl.arange(0, BV)
-        m = rmask[:, None] & (cv < V)[None, :]
-        v = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=m, other=0.)
-        vt = tl.dot(Ad, v, input_precision=PREC)
-        tl.store(VT + tok[:, None] * V + cv[None, :], vt.to(dt), mask=m)
+        vmask = cv < V
+        v0 = tl.load(VV + xt0[:, None] * V + cv[None, :], mask=m0[:, None] & vmask[None, :], other=0.)
+        tl.store(VT + tok0[:, None] * V + cv[None, :], tl.dot(A00.to(dt), v0, input_precision=PREC).to(dt),
+                 mask=m0[:, None] & vmask[None, :])
+        if NB >= 2:
+            v1 = tl.load(VV + xt1[:, None] * V + cv[None, :], mask=m1[:, None] & vmask[None, :], other=0.)
+            y1 = tl.dot(A10.to(dt), v0, input_precision=PREC) + tl.dot(A11.to(dt), v1, input_precision=PREC)
+            tl.store(VT + tok1[:, None] * V + cv[None, :], y1.to(dt), mask=m1[:, None] & vmask[None, :])
+        if NB >= 4:
+            v2 = tl.load(VV + xt2[:, None] * V + cv[None, :], mask=m2[:, None] & vmask[None, :], other=0.)
+            v3 = tl.load(VV + xt3[:, None] * V + cv[None, :], mask=m3[:, None] & vmask[None, :], other=0.)
+            y2 = (tl.dot(A20.to(dt), v0, input_precision=PREC) + tl.dot(A21.to(dt), v1, input_precision=PREC)
+                  + tl.dot(A22.to(dt), v2, input_precision=PREC))
+            tl.store(VT + tok2[:, None] * V + cv[None, :], y2.to(dt), mask=m2[:, None] & vmask[None, :])
+            y3 = (tl.dot(A30.to(dt), v0, input_precision=PREC) + tl.dot(A31.to(dt), v1, input_precision=PREC)
+                  + tl.dot(A32.to(dt), v2, input_precision=PREC) + tl.dot(A33.to(dt), v3, input_precision=PREC))
+            tl.store(VT + tok3[:, None] * V + cv[None, :], y3.to(dt), mask=m3[:, None] & vmask[None, :])
 
 
 @triton.jit
@@ -309,12 +413,8 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
         ur = ub
         causal = i[:, None] > i[None, :]
     strict = i[:, None] > i[None, :]
-    qx = tl.dot(q, tl.trans(x), input_precision=PREC)
-    Er = tl.where(causal, tl.exp(tl.minimum(ur[:, None] - u[None, :], 0.)), 0.)
     eC = tl.exp(tl.minimum(uC - u, 0.))
     if DELTA:
-        gram = tl.dot(x, tl.trans(x), input_precision=PREC)
-        Eb = tl.where(strict, tl.exp(tl.minimum(ub[:, None] - u[None, :], 0.)), 0.)
         Ai = tl.load(A + tok[:, None] * C + i[None, :], mask=rmask[:, None], other=0.)
         AiT = tl.trans(Ai).to(dt)
     DOU = tl.zeros([C, C], dtype=tl.float32)
@@ -368,6 +468,9 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
             d_ub -= tl.exp(ub) * tl.sum(dY * xS, 1)
         else:
             tl.store(DV + xtok[:, None] * V + cv[None, :], (dU * eta[:, None]).to(DV.dtype.element_ty), mask=vm)
+    # [C, C] tiles not needed inside the value loop are formed here (fewer live registers)
+    qx = tl.dot(q, tl.trans(x), input_precision=PREC)
+    Er = tl.where(causal, tl.exp(tl.minimum(ur[:, None] - u[None, :], 0.)), 0.)
     Z = qx * Er * DOU
     d_ur += tl.sum(Z, 1)
     d_u -= tl.sum(Z, 0)
@@ -379,6 +482,8 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
     dxT = tl.dot(tl.trans(q), M, input_precision=PREC)
     if DELTA:
         dL = tl.where(strict, dL, 0.)
+        gram = tl.dot(x, tl.trans(x), input_precision=PREC)
+        Eb = tl.where(strict, tl.exp(tl.minimum(ub[:, None] - u[None, :], 0.)), 0.)
         Gm = (dL * Eb * eta[None, :]).to(dt)
         dx += tl.dot(Gm, x, input_precision=PREC)
         dxT += tl.dot(tl.trans(x), Gm, input_precision=PREC)
@@ -413,7 +518,7 @@ def _cfg(K: int, V: int):
     BV_state = 64 if BK <= 64 else 32
     BV_out = min(64, _np2(V))
     BV_main = 64 if BK <= 64 else 32
-    warps_main = 4 if BK <= 64 else 8
+    warps_main = 8  # five [C, BK]/[C, C] fp32 accumulators live in the value loop
     return BK, min(BV_state, _np2(V)), BV_out, min(BV_main, _np2(V)), warps_main
 
 
@@ -452,7 +557,8 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         WT = torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
         VT = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
         R = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
-        _fwd_prep[(NT, B * H)](x, v, eta, g, A, WT, VT, T, XT, xoff, H, K, V, C, BK, BVo, prec, **st)
+        iprec = prec if (q.dtype == torch.float32 or dev.type == "cpu") else "tf32"
+        _fwd_prep[(NT, B * H)](x, v, eta, g, A, WT, VT, T, XT, xoff, H, K, V, C, BK, BVo, prec, iprec, **st)
     else:
         A = WT = VT = R = eta  # never read (constexpr-disabled branches)
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
