@@ -4,8 +4,6 @@
 With no arguments: a tiny Falcon-1A.3 on the embedded King James Bible, on CPU, in under 3 minutes."""
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig, open_dict
 
@@ -37,4 +35,4 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() is None or True else 1)
+    main()

@@ -277,6 +277,13 @@ class Mamba2(_OperatorMixer):
         o, _ = naive_recurrent_simple_gla(q.float(), (k * dt[..., None]).float(), v.float(), dt * A, scale=1.0)
         return o
 
+    def _fla_kernel(self, h, q, k, v):
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        dt, A = self._dt(h)
+        o, _ = chunk_simple_gla(q, (k * dt[..., None]).to(q.dtype), v, g=dt * A, scale=1.0)
+        return o
+
     def _post(self, h, o, v):
         B, T = h.shape[:2]
         o = o + self.D.to(o.dtype)[:, None] * v
@@ -327,3 +334,11 @@ class RetNet(_OperatorMixer):
 
         t = lambda z: z.transpose(1, 2).float()  # noqa: E731
         return naive_retention(t(q), t(k), t(v)).transpose(1, 2)
+
+    def _fla_kernel(self, h, q, k, v):
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        B, T = h.shape[:2]
+        g = torch.log(self.decay).expand(B, T, self.H).contiguous()
+        o, _ = chunk_simple_gla(q, k * self.dk ** -0.5, v, g=g, scale=1.0)
+        return o
