@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 SUITES = ("ppl", "lm_eval", "addition", "mqar", "passkey")
+DEFAULT_MQAR_GRID = [(4, 64), (8, 64), (16, 128), (32, 256)]
 
 
 class EvalConfigError(ValueError):
@@ -261,7 +262,16 @@ def run_mqar(model, tok, train_cfg, ecfg, out: Path):
         td = train_cfg.data
         kw = {"key_ids": tuple(td.get("key_ids", (1, 128))), "value_ids": tuple(td.get("value_ids", (128, 256))),
               "filler_id": int(td.get("filler_id", 0))}
-    r = evaluate_mqar(model, [tuple(g) for g in c.grid], n_examples=int(c.n_examples),
+    grid = c.get("grid")
+    if not grid:
+        if train_cfg is not None and train_cfg.data.get("name") == "mqar":
+            nk = train_cfg.data.get("num_kv_pairs", [4, 8, 16])
+            nk = [nk] if isinstance(nk, int) else list(nk)
+            T = int(train_cfg.data.seq_len)  # the training cells, then twice the pairs at twice the length
+            grid = [(n, T) for n in nk] + [(2 * max(nk), 2 * T)]
+        else:
+            grid = DEFAULT_MQAR_GRID
+    r = evaluate_mqar(model, [tuple(g) for g in grid], n_examples=int(c.n_examples),
                       batch_size=int(ecfg.batch_size), seed=int(ecfg.seed), **kw)
     png = plot_mqar(r, str(out / "mqar_accuracy.png"))
     return r.metrics(), r.to_dict(), r.table(), [png], {}
