@@ -143,3 +143,13 @@ def test_task_datamodules_batches():
         build_datamodule(OmegaConf.create({"name": "mqar", "seq_len": 16, "num_kv_pairs": 8}))
     with pytest.raises(ValueError, match="data.seq_len"):
         build_datamodule(OmegaConf.create({"name": "addition", "seq_len": 50}))
+
+
+def test_variable_format_holds_pairs_out_under_every_width_cap():
+    # in the variable format the same pair can be drawn under different width caps: hold-out must
+    # be by pair, not by (cap, pair)
+    task = AdditionTask(fmt="variable", train_widths=(1, 2), seed=0, val_per_width=30, min_pairs_for_holdout=1)
+    held = {(ex.a, ex.b) for v in task.validation().values() for ex in v}
+    seen = {(ex.a, ex.b) for ex in (task.train_example(i) for i in range(4000))}
+    assert not seen & held
+    assert task.is_held_out(2, *next(iter(held))) and task.is_held_out(1, *next(iter(held)))

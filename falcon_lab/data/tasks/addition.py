@@ -150,7 +150,7 @@ class AdditionTask:
                 pairs.append(p)
             val[n] = [format_example(a, b, n, self.fmt) for a, b in pairs]
             if n in hw:
-                held.update((n, a, b) for a, b in pairs)
+                held.update(self._key(n, a, b) for a, b in pairs)
         self._val, self._held = val, held
 
     def validation(self) -> dict[int, list[AdditionExample]]:
@@ -159,10 +159,15 @@ class AdditionTask:
             self._build_val()
         return self._val
 
+    def _key(self, width: int, a: int, b: int):
+        # the paper/bracketed text depends on the width (leading zeros); the variable format's text
+        # is the same pair under every width cap, so its pairs are held out whatever the cap
+        return (None, a, b) if self.fmt == "variable" else (width, a, b)
+
     def is_held_out(self, width: int, a: int, b: int) -> bool:
         if self._held is None:
             self._build_val()
-        return (width, a, b) in self._held
+        return self._key(width, a, b) in self._held
 
     # -- training stream ------------------------------------------------------------------------
     def train_example(self, index: int) -> AdditionExample:
@@ -175,13 +180,14 @@ class AdditionTask:
         n = rng.randint(lo, hi)
         while True:
             a, b = sample_operands(rng, n, self.fmt)
-            if (n, a, b) not in self._held:
+            if self._key(n, a, b) not in self._held:
                 return format_example(a, b, n, self.fmt)
 
     # -- fresh evaluation sets ------------------------------------------------------------------
     def fresh(self, width: int, count: int = 100, tag: str = "ood") -> list[AdditionExample]:
-        """``count`` fresh examples at ``width`` (seeded by (seed, tag, width)); at training widths
-        held-out validation pairs are avoided, so these are also unseen-by-construction pairs."""
+        """``count`` fresh examples at ``width``, drawn independently (seeded by (seed, tag,
+        width)). At OOD widths training never produced such examples; at training widths they may
+        coincide with training pairs (use :meth:`validation` for held-out pairs)."""
         rng = random.Random(f"addition-{tag}-{self.seed}-{self.fmt}-{width}")
         out = []
         while len(out) < count:
