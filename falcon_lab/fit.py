@@ -22,6 +22,8 @@ def main(cfg: DictConfig) -> float:
         if str(hc.mode) == "RunMode.MULTIRUN" and not cfg.logger.get("run_name"):
             cfg.logger.run_name = hc.job.override_dirname or f"arm{hc.job.num}"  # one MLflow run per arm
     res = run(cfg)
+    if res.get("global_rank", 0) != 0:  # DDP: only rank 0 reports
+        return float(res["val_loss"])
     print(f"\n[falcon_lab] done: {res['steps']} steps, best val/loss {res['val_loss']:.4f} "
           f"(ppl {2.718281828 ** res['val_loss']:.2f})", flush=True)
     if "val/shuffle_gap" in res["metrics"]:

@@ -135,6 +135,7 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
         "tracking_uri": resolve_tracking_uri(cfg.logger) if logger is not None else None,
         "experiment_id": logger.experiment_id if logger is not None else None,
         "steps": int(trainer.global_step),
+        "global_rank": int(trainer.global_rank),
         "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "history": history.history,
     }
