@@ -98,3 +98,33 @@ def test_presets_and_tied_embeddings():
 def test_bad_mixer_knobs_name_the_key(cfg, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         build_mixer(cfg, 32, 2, 16)
+
+
+@pytest.mark.parametrize("variant", ["1", "2A", "3", "3A"])
+@pytest.mark.parametrize("gate", ["ctx_eta", "ctx_beta"])
+def test_preset_gate_ranges_bound_the_decay(variant, gate):
+    """docs/training.md: with RMS keys (no gain), scaled λ, lam_scale <= 1, eta_max <= 1, beta_max <= 2,
+    α = ηλ <= σ_η·λ̄ (ctx_eta) or βλ̄/(1+λ̄) (ctx_beta), so α < 1 and the clamp only fires at saturation."""
+    from falcon_lab.kernels.prep import prepare
+    from falcon_lab.models.mixers.base import rms_normalize
+
+    torch.manual_seed(0)
+    mix = build_mixer(dict(name="falcon", variant=variant, preset=".3", gate=gate, window=4 if "3" in variant else None),
+                      32, 2, 16).double()
+    h = 3 * torch.randn(2, 40, 32, dtype=torch.float64)
+    with torch.no_grad():
+        mix.gate_proj.weight.normal_(0, 0.1)
+        mix.lam_proj.weight.normal_(0, 0.1)
+        beta, lam, step = mix._gates(h)
+    k = rms_normalize(torch.randn(2, 40, 2, 16, dtype=torch.float64), 1e-6)
+    v = torch.randn(2, 40, 2, 16, dtype=torch.float64)
+    inp = prepare(k, v, beta.double(), lam.double(), variant=variant, window=mix.window or 1, step=step,
+                  lam_mode="scaled", shift=True, eps=1e-6, eps_gamma=1e-4, seen=torch.zeros(2, dtype=torch.long))
+    alpha = -torch.expm1(inp.g)
+    lam_b = lam.double()[..., None] if beta.dim() == 4 else lam.double()
+    if gate == "ctx_eta":
+        bound = beta.double() * 16 * lam_b  # σ_η·λ̄  (η = σ_η / d_k)
+    else:
+        bound = beta.double() * lam_b / (1 + lam_b)
+    assert (alpha <= bound + 1e-9).all()
+    assert alpha.max() < 1 - 1e-4  # these gates are far from saturation: the clamp is inactive
