@@ -173,3 +173,23 @@ def test_real_decoder_recurrent_decode_equals_full_forward(mixer):
     rec = greedy_generate(model, prompts, max_new_tokens=10, batch_size=5, use_recurrent=True)
     full = greedy_generate(model, prompts, max_new_tokens=10, batch_size=5, use_recurrent=False)
     assert rec == full
+
+
+def test_addition_experiment_rows_compose():
+    """Every Table 3 row at every scale of experiments/addition/run_addition.py composes and passes
+    the training config validation (no compute)."""
+    import importlib.util
+
+    from falcon_lab.training import compose
+    from falcon_lab.training.validate import validate_config
+    path = Path(__file__).resolve().parents[1] / "experiments" / "addition" / "run_addition.py"
+    spec = importlib.util.spec_from_file_location("run_addition", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for row, ov in mod.ROWS.items():
+        for scale, sov in mod.SCALES.items():
+            cfg = compose(["experiment=addition"] + ov + sov)
+            validate_config(cfg)
+            assert cfg.data.name == "addition" and cfg.addition_eval.every_n_steps >= 1
+    cfg = compose(["experiment=addition"] + mod.ROWS["falcon_3a_3"])
+    assert cfg.mixer.variant == "3A" and cfg.mixer.preset == ".3"
