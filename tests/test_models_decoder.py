@@ -128,3 +128,16 @@ def test_preset_gate_ranges_bound_the_decay(variant, gate):
         bound = beta.double() * lam_b / (1 + lam_b)
     assert (alpha <= bound + 1e-9).all()
     assert alpha.max() < 1 - 1e-4  # these gates are far from saturation: the clamp is inactive
+
+
+@pytest.mark.parametrize("mix", [MIXERS[3], MIXERS[9]], ids=[IDS[3], IDS[9]])
+def test_cu_seqlens_over_several_rows(mix):
+    m = _model(mix)
+    docs = [torch.randint(0, 256, (1, n)) for n in (5, 3, 4, 2, 6)]  # rows of 8: [5|3] [4|2|2'] [4'']...
+    x = torch.cat(docs, 1)[:, :16].view(2, 8)
+    cu = torch.tensor([0, 5, 8, 12, 14, 16])
+    with torch.no_grad():
+        out = m(x, cu_seqlens=cu).reshape(1, 16, -1)
+        flat = x.reshape(1, 16)
+        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            torch.testing.assert_close(out[:, a:b], m(flat[:, a:b]), rtol=1e-6, atol=1e-7)

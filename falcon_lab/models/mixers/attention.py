@@ -5,21 +5,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from falcon_lab.models.mixers.base import Mixer, flatten_for_varlen, positions_in_sequence
+from falcon_lab.models.mixers.base import Mixer, positions_in_sequence
 from falcon_lab.models.mixers.registry import register_mixer
 
 
 def rope_cos_sin(pos: torch.Tensor, dim: int, theta: float):
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim))
-    ang = pos.float()[:, None] * inv[None, :]  # [T, dim/2]
+    ang = pos.float()[..., None] * inv  # [T, dim/2] or [B, T, dim/2]
     return ang.cos(), ang.sin()
 
 
 def apply_rope(x, cos, sin):
-    """x [B, T, H, D] (rotate-half convention), cos/sin [T, D/2]."""
+    """x [B, T, H, D] (rotate-half convention), cos/sin [T, D/2] or per row [B, T, D/2]."""
     d = x.shape[-1] // 2
     x1, x2 = x[..., :d].float(), x[..., d:].float()
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    c, s = (cos[None, :, None, :], sin[None, :, None, :]) if cos.dim() == 2 else (cos[:, :, None], sin[:, :, None])
     return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).to(x.dtype)
 
 
@@ -41,7 +41,7 @@ class Attention(Mixer):
 
     def forward(self, x, cu_seqlens=None, state=None, return_state=False, decode=False):
         B0, T0, D = x.shape
-        h = flatten_for_varlen(x, cu_seqlens)
+        h = x  # varlen: rows stay [B, T]; cu_seqlens (over B*T, row starts included) gives a per-row block mask
         B, T, _ = h.shape
         q = self.q_proj(h).view(B, T, self.H, self.dh)
         k = self.k_proj(h).view(B, T, self.H, self.dh)
@@ -50,7 +50,7 @@ class Attention(Mixer):
             q, k = F.rms_norm(q, (self.dh,)), F.rms_norm(k, (self.dh,))
         start = state["pos"] if state is not None else 0
         if cu_seqlens is not None:
-            pos = positions_in_sequence(cu_seqlens, T, h.device)
+            pos = positions_in_sequence(cu_seqlens, B * T, h.device).view(B, T)
         else:
             pos = torch.arange(start, start + T, device=h.device)
         cos, sin = rope_cos_sin(pos, self.dh, self.theta)
@@ -63,9 +63,10 @@ class Attention(Mixer):
         if return_state:
             new_state = {"k": k, "v": v, "pos": start + T}
         if cu_seqlens is not None:
-            seq = torch.searchsorted(cu_seqlens[:-1].to(h.device), torch.arange(T, device=h.device), right=True)
-            mask = (seq[:, None] == seq[None, :]) & torch.ones(T, T, dtype=torch.bool, device=h.device).tril()
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            seq = torch.searchsorted(cu_seqlens[:-1].to(h.device), torch.arange(B * T, device=h.device),
+                                     right=True).view(B, T)
+            mask = (seq[:, :, None] == seq[:, None, :]) & torch.ones(T, T, dtype=torch.bool, device=h.device).tril()
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])  # [B, 1, T, T]
         elif k.shape[2] == T:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:  # decoding / continuation: queries are the last T of the keys
