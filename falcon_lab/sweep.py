@@ -162,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted while preparing the study; nothing was trained", file=sys.stderr)
+        return 130
     driver.log(f"study {ctx.study_name!r} in {driver.st.describe(ctx.storage)}: "
                f"{space.n_trials} trials, {space.direction} {space.metric}, sampler "
                f"{space.sampler['name']}, pruner {space.pruner['name']}, workers {opts['workers']}, "
@@ -172,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             rc = 1 if driver.worker_loop(ctx, 0).get("stopped") else 0
         else:
             rc = driver.run_workers(ctx, opts["workers"], ctx.devices)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):  # Lightning turns Ctrl-C into SystemExit(1)
+        driver.log("interrupted: the running trial is marked FAIL and re-enqueued; rerun the "
+                   "same command to resume")
         driver.finalize(ctx, interrupted=True)
         return 130
     final = driver.finalize(ctx)
