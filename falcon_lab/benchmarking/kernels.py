@@ -308,6 +308,7 @@ def summary(rows):
 def plot(rows, path):
     try:
         import matplotlib
+        import matplotlib.ticker
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -318,14 +319,17 @@ def plot(rows, path):
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 4.5), squeeze=False)
     for ax, s in zip(axes[0], shapes):
         vals = {r["op"]: r["fwdbwd_ms"] for r in rows if (r["B"], r["T"], r["H"], r["K"]) == s}
-        ys = [vals.get(o) or 0.0 for o in ops]
-        ax.barh(range(len(ops)), ys, color=["C0" if o.startswith("falcon") else "C1" for o in ops])
+        ys = [vals.get(o) for o in ops]
+        ax.barh(range(len(ops)), [y or 0.0 for y in ys], color=["C0" if o.startswith("falcon") else "C1" for o in ops])
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        lo = min([y for y in ys if y] or [1.0])
         for j, y in enumerate(ys):
-            ax.text(y, j, f" {y:.2f}" if y else " n/a", va="center", fontsize=7)
+            ax.text(y or lo, j, f" {y:.2f}" if y else " not measured", va="center", fontsize=7)
         ax.set_yticks(range(len(ops)))
         ax.set_yticklabels(ops, fontsize=7)
         ax.set_title(f"B={s[0]} T={s[1]} H={s[2]} K=V={s[3]}", fontsize=9)
-        ax.set_xlabel("fwd+bwd ms (median, bf16)")
+        ax.set_xlabel("fwd+bwd ms (median, bf16, log scale)")
     fig.suptitle(f"{rows[0]['gpu']}  torch {rows[0]['torch']}  triton {rows[0]['triton']}  {rows[0]['commit']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
