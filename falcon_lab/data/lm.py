@@ -27,7 +27,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from falcon_lab.data.corpus import load_kjv
 from falcon_lab.data.registry import register_datamodule
@@ -279,10 +279,9 @@ class LMDataModule(L.LightningDataModule):
     def val_dataloader(self):
         rows = self.rows("validation")
         if self.trainer is not None and self.trainer.world_size > 1:
-            from torch.utils.data.distributed import DistributedSampler
-
-            sampler = DistributedSampler(rows, self.trainer.world_size, self.trainer.global_rank, shuffle=False)
-            return DataLoader(rows, batch_size=self.val_batch_size, sampler=sampler, collate_fn=self._collate())
+            # rank r scores rows r, r+W, ... without padding duplicates, so the summed NLL reduced over
+            # ranks is exactly the single-process sum
+            rows = Subset(rows, list(range(self.trainer.global_rank, len(rows), self.trainer.world_size)))
         return DataLoader(rows, batch_size=self.val_batch_size, shuffle=False, collate_fn=self._collate(),
                           num_workers=int(self.cfg.get("num_workers", 0)))
 
