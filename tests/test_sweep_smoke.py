@@ -88,12 +88,27 @@ def test_smoke_sweep_end_to_end_and_report(in_tmp, capsys):
 
 
 def test_shipped_spaces_match_the_fit_config():
-    from falcon_lab.sweeps.runner import compose_fit
+    """Every searched key exists, and every corner of every shipped space is a valid fit config."""
+    from falcon_lab.sweeps.runner import compose_fit, validate_fit
 
     for name in available():
         s = load_space(name)
         cfg = compose_fit(list(s.overrides))
         check_keys(s, cfg)
+        driver._check_corners(s, list(s.overrides), compose_fit, validate_fit)
+
+
+def test_invalid_trial_config_fails_before_training(in_tmp):
+    p = in_tmp / "window_on_1a.yaml"
+    p.write_text(yaml.safe_dump({
+        "metric": "val/loss", "direction": "minimize", "n_trials": 2,
+        "parameters": {"mixer.window": {"type": "categorical", "choices": [2, 4]}}}))
+    with pytest.raises(SearchSpaceError, match=r"the trial config with mixer.window=2 is invalid: "
+                                               r"mixer.window: applies only to the sliding-window"):
+        driver.prepare(load_space(str(p)), [], workdir=in_tmp, tracking=False)
+    # with the variant fixed to 3A the same space is fine
+    driver.prepare(load_space(str(p)), ["mixer.variant=3A"], workdir=in_tmp, tracking=False)
+    assert not (in_tmp / "mlruns").exists()
 
 
 def test_unknown_fit_key_is_named(in_tmp):

@@ -95,8 +95,18 @@ def prepare(space: SearchSpace, fit_overrides: list[str], *, study_name: str | N
     composer = getattr(run_fn, "compose", None)
     cfg = None
     if composer is not None and check:
-        cfg = composer(list(space.overrides) + list(fit_overrides))
+        try:
+            cfg = composer(list(space.overrides) + list(fit_overrides))
+        except Exception as e:  # Hydra's composition errors name the override
+            if isinstance(e, ValueError):
+                raise
+            msg = str(e).strip().replace("\n", " ")
+            raise ValueError(f"cannot compose the fit config with the space's overrides "
+                             f"{list(space.overrides)} and {list(fit_overrides)}: {msg}") from e
         check_keys(space, cfg)
+        validator = getattr(run_fn, "validate", None)
+        if validator is not None:
+            _check_corners(space, list(space.overrides) + list(fit_overrides), composer, validator)
     # MLflow settings: the fit config's logger section wins, then MLFLOW_TRACKING_URI, then ./mlruns
     from .tracking import default_tracking_uri, open_parent
 
@@ -157,6 +167,20 @@ def prepare(space: SearchSpace, fit_overrides: list[str], *, study_name: str | N
                        experiment_name=experiment, parent_run_id=parent, sweep_dir=str(sweep_dir),
                        devices=_devices_per_trial(cfg), **timing)
     return ctx
+
+
+def _check_corners(space: SearchSpace, base: list[str], composer, validator) -> None:
+    """Fail before any training if a corner of the space gives an invalid fit config (e.g. a
+    window for a variant without one): the message names the parameters and the bad key."""
+    from .space import SearchSpaceError, corner_params
+
+    for combo in corner_params(space):
+        try:
+            validator(composer(base + trial_overrides(combo)))
+        except Exception as e:
+            shown = " ".join(trial_overrides(combo))
+            raise SearchSpaceError(
+                f"{space.path}: the trial config with {shown} is invalid: {e}") from e
 
 
 def _devices_per_trial(cfg) -> int:

@@ -69,7 +69,15 @@ def training_runner(overrides: list[str], callbacks: list, tracking: dict[str, A
     return _training_run()(cfg, callbacks=callbacks)
 
 
-training_runner.compose = compose_fit  # the driver checks searched keys against this config
+def validate_fit(cfg) -> None:
+    """The training's start-up validation (one clear error naming the key), without training."""
+    from falcon_lab.training.validate import validate_config
+
+    validate_config(cfg)
+
+
+training_runner.compose = compose_fit    # the driver checks searched keys against this config
+training_runner.validate = validate_fit  # ... and the corner configs of the space with this
 
 
 def load_runner(spec: str | None) -> Runner:

@@ -374,6 +374,27 @@ def parse_space(raw: Any, *, name: str, path: str, n_trials: int | None = None) 
     return space
 
 
+def corner_params(space: SearchSpace, limit: int = 16, seed: int = 0) -> list[dict]:
+    """Parameter combinations at the corners of the space (every categorical choice, the low and
+    high end of each range): at most ``limit`` of them, a fixed random subset if there are more."""
+    import itertools
+    import random
+
+    axes = []
+    for p in space.params:
+        if p.type == "categorical":
+            axes.append([(p.key, c) for c in p.choices])
+        else:
+            lo, hi = p.low, p.high
+            if p.type == "int" and p.step:
+                hi = lo + (int(hi) - int(lo)) // int(p.step) * int(p.step)
+            axes.append([(p.key, lo), (p.key, hi)] if lo != hi else [(p.key, lo)])
+    combos = [dict(c) for c in itertools.product(*axes)]
+    if len(combos) > limit:
+        combos = random.Random(seed).sample(combos, limit)
+    return combos
+
+
 def check_keys(space: SearchSpace, cfg) -> None:
     """Every searched key must exist in the composed fit config (``+key`` adds a new one)."""
     from omegaconf import OmegaConf
