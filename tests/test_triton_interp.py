@@ -45,10 +45,13 @@ for delta in (True, False):
                                K=16, V=32, W=W, delta=delta, after=after, per_col=per_col, seed=11))
 
 
+API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21) for v in ("1", "1A", "3A")]
+
+
 @pytest.fixture(scope="module")
 def results():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, str(HERE / "triton_interp_cases.py"), json.dumps(CASES + DECODE)],
+    out = subprocess.run([sys.executable, str(HERE / "triton_interp_cases.py"), json.dumps(CASES + DECODE + API)],
                          env=env, capture_output=True, text=True, timeout=600, cwd=str(HERE.parent))
     res = {}
     for line in out.stdout.splitlines():
@@ -90,3 +93,15 @@ def test_cpu_without_interpreter_gives_clear_error():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "ERR" in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("case", API, ids=[c["id"] for c in API])
+def test_public_op_triton_backend_varlen_and_continuation(results, case):
+    """chunk_falcon(backend="triton") against recurrent_falcon in float64: ragged cu_seqlens (lengths
+    1, 7, 30) forward and gradients of q, k, v, beta, lam; and a sequence split at 21 of 50 continued
+    from the returned FalconState."""
+    r = results.get(case["id"])
+    assert r is not None and "error" not in r, r
+    assert set(r["res"]) == {"o", "dq", "dk", "dv", "dbeta", "dlam", "o_continuation"}
+    for k, e in r["res"].items():
+        assert e <= 2e-5, f"{case['id']}: {k} relative error {e:.3e}"

@@ -80,7 +80,12 @@ if __name__ == "__main__":
     cases = json.loads(sys.argv[1])
     for c in cases:
         try:
-            res = decode_case(c) if c.get("decode") else run_case(c)
+            if c.get("api"):
+                from falcon_lab.benchmarking.gpu_check import check_api
+
+                res = check_api(variant=c["variant"], dtype=c["dtype"], K=16, dev="cpu", seed=c["seed"])
+            else:
+                res = decode_case(c) if c.get("decode") else run_case(c)
             print(json.dumps({"id": c["id"], "res": res}), flush=True)
         except Exception as e:  # report, the test fails on it
             print(json.dumps({"id": c["id"], "error": f"{type(e).__name__}: {e}"}), flush=True)
