@@ -61,6 +61,11 @@ def test_smoke_sweep_end_to_end_and_report(in_tmp, capsys):
         assert r.data.tags["optuna.param.mixer.gate"] == t.params["mixer.gate"]
         assert float(r.data.params["optim.lr"]) == pytest.approx(t.params["optim.lr"])  # the trial's config
         assert len(client.get_metric_history(r.info.run_id, "val/loss")) == len(t.intermediate_values)
+        last_train_step = max(m.step for m in client.get_metric_history(r.info.run_id, "train/loss"))
+        if t.state == TrialState.PRUNED:  # it really stopped: no training past the pruned step
+            assert last_train_step < t.user_attrs["pruned_at_step"] < 4
+        else:
+            assert last_train_step == 3  # debug=smoke: 4 steps, logged at 0..3
     parent = client.get_run(parent_id)
     assert parent.info.status == "FINISHED"
     assert parent.data.metrics["best_value"] == pytest.approx(study.best_value)

@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {}
     try:
         res = load_runner(spec["runner"])(spec["overrides"], [cb], spec["tracking"])
-        out["result"] = {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v))
-                         for k, v in (res or {}).items()}
+        out["result"] = {k: v for k, v in (res or {}).items()  # scalars only (ids, paths, losses)
+                         if v is None or isinstance(v, (int, float, str, bool))}
     except Exception:
         out["error"] = traceback.format_exc()
     out.update(history=cb.history, pruned=cb.pruned, pruned_at_step=cb.pruned_at_step,
