@@ -80,6 +80,8 @@ def test_presets_and_tied_embeddings():
     mix = m.blocks[0].mixer
     assert (mix.qk_norm, mix.gate, mix.lam) == ("l2", "ctx_eta", "ctx")
     assert build_mixer(dict(name="falcon", preset=".3"), 32, 2, 16).qk_norm == "rmsnorm"
+    for spelled in (0.1, ".1", "1", 1):  # `mixer.preset=.1` reaches us as the float 0.1 from Hydra
+        assert build_mixer(dict(name="falcon", preset=spelled), 32, 2, 16).gate == "ctx_beta"
     assert all(not (hasattr(mod, "bias") and mod.bias is not None)
                for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear) and "proj" in n
                and not n.endswith(("gate_proj", "lam_proj")))

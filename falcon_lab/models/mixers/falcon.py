@@ -49,9 +49,24 @@ READS = ("after", "before")
 DEFAULT_WINDOW = 4  # ours: the paper's "e.g., B = 4"
 
 
+def normalize_preset(preset):
+    """".3", "3", 3 and 0.3 (what Hydra makes of `mixer.preset=.3`) all mean the preset ".3"."""
+    if preset is None or isinstance(preset, bool):
+        return preset
+    if isinstance(preset, (int, float)):
+        preset = str(preset)
+    p = str(preset).strip()
+    if p.startswith("0."):
+        p = p[1:]
+    if p and not p.startswith("."):
+        p = "." + p
+    return p
+
+
 def resolve_falcon_knobs(variant, preset, qk_norm, gate, lam, window):
     """Apply the preset to knobs left None; check values. Returns (qk_norm, gate, lam, window)."""
     variant = str(variant)
+    preset = normalize_preset(preset)
     if variant not in VARIANTS:
         raise ValueError(f"mixer.variant: unknown Falcon variant {variant!r}; choose one of {VARIANTS}")
     if preset is not None and preset not in PRESETS:
@@ -132,7 +147,7 @@ class FalconMixer(Mixer):
             raise ValueError(f"mixer.read: {read!r} is not one of {READS}")
         if conv_size < 1:
             raise ValueError(f"mixer.conv_size: must be >= 1, got {conv_size}")
-        self.variant, self.preset = str(variant), preset
+        self.variant, self.preset = str(variant), normalize_preset(preset)
         self.H, self.dk, self.dv = n_heads, head_dim, head_dim
         self.lam_mode = lam_mode if self.lam != "off" else "absolute"
         self.lam_scale, self.lam_value = float(lam_scale), float(lam_value)
