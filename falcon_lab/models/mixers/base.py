@@ -33,6 +33,12 @@ class Mixer(nn.Module):
         raise NotImplementedError
 
 
+def _gate_dtype(q: torch.Tensor) -> torch.dtype:
+    """Gates (β/η, λ) stay fp32 under bf16/fp16 autocast (fp64 with fp64 inputs): the operator's
+    preparation divides and clamps them in fp32 anyway, so rounding them to bf16 first only loses bits."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
 def positions_in_sequence(cu_seqlens: torch.Tensor, total: int, device) -> torch.Tensor:
     """[total] position of each flattened token inside its sequence (0 at each start)."""
     idx = torch.arange(total, device=device)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from falcon_lab.kernels import chunk_falcon, recurrent_falcon
 from falcon_lab.models.mixers.base import (
     Mixer,
+    _gate_dtype,
     RMSNorm,
     ShortConv,
     flatten_for_varlen,
@@ -92,10 +93,10 @@ class _OperatorMixer(Mixer):
                       eps_gamma=eps_g, initial_state=state["op"] if state else None,
                       output_final_state=return_state)
             if decode:
-                o, op_state = recurrent_falcon(q2, k2, v2, eta.to(q2.dtype), lam.to(q2.dtype), **kw)
+                o, op_state = recurrent_falcon(q2, k2, v2, eta.to(_gate_dtype(q2)), lam.to(_gate_dtype(q2)), **kw)
                 self.backend_used = "falcon-recurrent"
             else:
-                o, op_state = chunk_falcon(q2, k2, v2, eta.to(q2.dtype), lam.to(q2.dtype), cu_seqlens=cu_seqlens,
+                o, op_state = chunk_falcon(q2, k2, v2, eta.to(_gate_dtype(q2)), lam.to(_gate_dtype(q2)), cu_seqlens=cu_seqlens,
                                            chunk_size=self.chunk_size, backend=self.backend, **kw)
                 self.backend_used = "falcon-" + (self.backend or ("triton" if q.is_cuda else "torch"))
         elif self.core == "fla_naive":

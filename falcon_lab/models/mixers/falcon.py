@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from falcon_lab.kernels import chunk_falcon, recurrent_falcon
 from falcon_lab.models.mixers.base import (
     Mixer,
+    _gate_dtype,
     RMSNorm,
     ShortConv,
     flatten_for_varlen,
@@ -226,10 +227,10 @@ class FalconMixer(Mixer):
         if self.window is not None:
             kw["window"] = self.window
         if decode:
-            o, op_state = recurrent_falcon(q, k, v, beta.to(q.dtype), lam.to(q.dtype), **kw)
+            o, op_state = recurrent_falcon(q, k, v, beta.to(_gate_dtype(q)), lam.to(_gate_dtype(q)), **kw)
             self.backend_used = "recurrent"
         else:
-            o, op_state = chunk_falcon(q, k, v, beta.to(q.dtype), lam.to(q.dtype), cu_seqlens=cu_seqlens,
+            o, op_state = chunk_falcon(q, k, v, beta.to(_gate_dtype(q)), lam.to(_gate_dtype(q)), cu_seqlens=cu_seqlens,
                                        chunk_size=self.chunk_size, backend=self.backend, **kw)
             self.backend_used = self.backend or ("triton" if q.is_cuda else "torch")
         if self.o_norm is not None:
