@@ -9,6 +9,7 @@ MLflow); the numbers go to DIR/train_small_h200.json.
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -30,6 +31,7 @@ def main():
     ap.add_argument("--models", default="1a_3,1_3")
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--override", action="append", default=[], help="extra fit config overrides")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks this script, not the GPU")
     a = ap.parse_args()
     from falcon_lab.training import run
@@ -37,10 +39,12 @@ def main():
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    try:
-        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:
-        commit = "unknown"
+    commit = os.environ.get("FALCON_COMMIT")  # set it when running from a git archive (no .git)
+    if not commit:
+        try:
+            commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+        except Exception:
+            commit = "unknown"
     import triton
     rows = []
     for name in a.models.split(","):
@@ -49,7 +53,7 @@ def main():
               f"data.seq_len={a.seq_len}", f"data.batch_size={a.batch}", f"trainer.max_steps={a.steps}",
               f"trainer.val_check_interval={max(1, a.steps // 3)}", "trainer.limit_val_batches=8",
               "trainer.enable_progress_bar=false", "checks.shuffle=false", "trainer.log_every_n_steps=10",
-              f"run_dir={out / name}"] + MODELS[name]
+              f"run_dir={out / name}"] + MODELS[name] + a.override
         cfg = compose(ov)
         t0 = time.time()
         res = run(cfg)
