@@ -56,6 +56,7 @@ def test_mlflow_run_contents_and_failed_status(store, tmp_path):
     r = client.get_run(res["run_id"])
     assert r.info.status == "FINISHED"
     assert r.data.params["mixer.variant"] == "3A" and r.data.params["model.d_model"] == "64"
+    assert not [k for k in r.data.params if k.startswith("cfg/") or k in ("ckpt_path", "run_dir")]
     t = r.data.tags
     assert t["mixer"] == "falcon" and t["variant"] == "Falcon-3A" and t["knob.window"] == "None"
     assert t["team"] == "falcon" and t["mlflow.parentRunId"] == "abc123" and len(t["git_commit"]) in (40, 7)
@@ -113,3 +114,14 @@ def test_bpe_and_document_resets_train_and_reload(extra, tmp_path, monkeypatch):
     model, tok, cfg = load_checkpoint(res["ckpt_path"])
     assert tok.decode(tok.encode("In the beginning")) == "In the beginning"
     assert model.vocab_size == tok.vocab_size
+
+
+def test_resume_continues_the_same_mlflow_run(store, tmp_path):
+    base = ["debug=smoke", "checks.shuffle=false", "trainer.max_steps=4", "checkpoint.every_n_steps=2",
+            "data.seq_len=32", "logger.experiment_name=t_resume"]
+    first = run(compose(base + [f"run_dir={tmp_path / 'a'}", "trainer.max_steps=2"]))
+    again = run(compose(base + [f"run_dir={tmp_path / 'a'}", f"ckpt_path={tmp_path / 'a' / 'checkpoints' / 'last.ckpt'}"]))
+    assert again["run_id"] == first["run_id"]
+    client = mlflow.MlflowClient(store)
+    assert [m.step for m in client.get_metric_history(first["run_id"], "train/loss")] == [0, 1, 2, 3]
+    assert client.get_run(first["run_id"]).info.status == "FINISHED"

@@ -102,7 +102,11 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
                                            peak, log_every=int(cfg.trainer.get("log_every_n_steps") or 1)))
     run_id = logger.run_id if logger is not None else None
     if logger is not None and trainer.global_rank == 0:
-        logger.log_hyperparams(_flat_params(cfg))
+        try:
+            logger.log_hyperparams(_flat_params(cfg))
+        except Exception as e:  # resuming a run with changed settings: MLflow params are immutable
+            print(f"[falcon_lab] warning: params not re-logged to run {run_id}: {str(e)[:200]}")
+            logger.experiment.set_tag(run_id, "resumed_with_changed_params", "true")
         logger.experiment.set_tag(run_id, "run_dir", str(run_dir))
         logger.experiment.set_tag(run_id, "params_total", str(module.model.num_params()))
         logger.experiment.set_tag(run_id, "state_numel_per_seq", str(module.model.state_numel(1, int(cfg.data.seq_len))))
@@ -146,7 +150,8 @@ def _flat_params(cfg) -> dict:
     from falcon_lab.training.mlflow import flatten
 
     flat = flatten(OmegaConf.to_container(cfg, resolve=True))
-    return {k: ("null" if v is None else v) for k, v in flat.items() if not k.startswith("hydra")}
+    skip = ("hydra", "ckpt_path", "run_dir")  # per-invocation paths (tags carry run_dir), not settings
+    return {k: ("null" if v is None else v) for k, v in flat.items() if not k.startswith(skip)}
 
 
 def load_checkpoint(path: str, map_location="cpu"):

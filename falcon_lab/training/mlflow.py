@@ -86,8 +86,31 @@ def run_tags(cfg, extra: dict | None = None) -> dict:
     return tags
 
 
+def resume_run_id(cfg) -> str | None:
+    """The MLflow run to continue: logger.run_id, else the run recorded in ckpt_path (same store only)."""
+    if cfg.logger.get("run_id"):
+        return str(cfg.logger.run_id)
+    ck = cfg.get("ckpt_path")
+    if not ck or not Path(str(ck)).is_file():
+        return None
+    import torch
+
+    meta = torch.load(str(ck), map_location="cpu", weights_only=False).get("falcon_lab") or {}
+    rid, uri = meta.get("mlflow_run_id"), meta.get("tracking_uri")
+    if not rid or uri != resolve_tracking_uri(cfg.logger):
+        return None
+    try:
+        import mlflow
+
+        mlflow.MlflowClient(uri).get_run(rid)
+    except Exception:  # deleted run, or another store: start a new run
+        return None
+    return rid
+
+
 def build_logger(cfg):
-    """Lightning's MLFlowLogger on the resolved store, or None when logger.name == none."""
+    """Lightning's MLFlowLogger on the resolved store, or None when logger.name == none.
+    Resuming from a checkpoint continues the checkpoint's MLflow run (same store)."""
     if cfg.logger.get("name", "mlflow") in (None, "none", False):
         return None
     from lightning.pytorch.loggers import MLFlowLogger
@@ -99,6 +122,6 @@ def build_logger(cfg):
         tracking_uri=uri,
         tags=run_tags(cfg),
         artifact_location=resolve_artifact_location(uri, cfg.logger),
-        run_id=cfg.logger.get("run_id"),
+        run_id=resume_run_id(cfg),
         log_model=False,
     )

@@ -45,7 +45,7 @@ class LitLM(L.LightningModule):
         # tokenizer_name: the tokenizer's state() ({"name": "byte"}, or a BPE with its merges) so that
         # load_checkpoint rebuilds exactly the tokenizer the model was trained with
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # run() logs the flattened config itself
         self.cfg = cfg
         self.width_mult = mup_width_mult(cfg["model"], cfg["optim"])
         self.model = build_model(cfg["model"], cfg["mixer"], vocab_size, logit_scale=1.0 / self.width_mult)
@@ -54,6 +54,14 @@ class LitLM(L.LightningModule):
         self._val_cnt = None
         self.check_sentences: list[str] | None = None
         self.tokenizer = None
+
+    def on_save_checkpoint(self, checkpoint):
+        # remember the MLflow run, so that resuming from this checkpoint continues the same run
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        for lg in self.loggers:
+            if isinstance(lg, MLFlowLogger) and lg.run_id:
+                checkpoint["falcon_lab"] = {"mlflow_run_id": lg.run_id, "tracking_uri": lg._tracking_uri}
 
     def forward(self, input_ids, cu_seqlens=None):
         return self.model(input_ids, cu_seqlens=cu_seqlens)
