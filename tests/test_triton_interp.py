@@ -36,6 +36,9 @@ for delta in (True, False):
     CASES.append(_c(f"{v}-fp16", delta=delta, dtype="float16", seed=6))
 CASES.append(_c("F3A-W3-after", delta=False, W=3, seed=7))
 CASES.append(_c("F3A-W4-before-C32", delta=False, W=4, after=False, C=32, T=45, seed=8))
+CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9))
+CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10))
+CASES.append(_c("F3-W4-C64-strong-decay", delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True, seed=12))
 DECODE = []
 for delta in (True, False):
     for per_col, W in ((False, 1), (True, 1), (False, 4)):
@@ -45,7 +48,7 @@ for delta in (True, False):
                                K=16, V=32, W=W, delta=delta, after=after, per_col=per_col, seed=11))
 
 
-API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21) for v in ("1", "1A", "3A")]
+API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21) for v in ("1", "1A", "3A", "3")]
 
 
 @pytest.fixture(scope="module")

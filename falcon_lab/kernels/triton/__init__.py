@@ -8,8 +8,12 @@ What runs where (docs/kernels-triton.md):
   * scalar gates, window W > 1, linear (Falcon-3A): the sum of W shifted Falcon-1A scans, each one
     the same Triton kernels (W x the cost of Falcon-1A; a fused banded-mask kernel is not built);
   * T = 1 without gradients (decoding), every variant: one fused kernel (decode.py);
-  * per-column gates with T > 1 (Falcon-2, -2A) and windowed delta (Falcon-3): NOT implemented in
-    Triton; `supports()` says False and `core` raises NotImplementedError.
+  * scalar gates, window W > 1, delta (Falcon-3), W dividing 16: the same chunk kernels on the
+    pseudo-token expansion (falcon-math.md §6.6: T·W pseudo-tokens, block-strict mask so every residual
+    of a step uses S_{t-1}). Tested under the interpreter only: on CUDA it is OFF unless
+    FALCON_TRITON_UNPROVEN=1 (it has not been run on the H200 yet);
+  * per-column gates with T > 1 (Falcon-2, -2A): NOT implemented in Triton; `supports()` says False
+    and `core` raises NotImplementedError (the api falls back to the torch chunk core).
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
 before triton is first imported (the tests start a subprocess for that).
 """
@@ -40,11 +44,21 @@ def _needs_grad(*ts) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
 
-def supports(*, per_column: bool, delta: bool, window: int, T: int = 2, grad: bool = True) -> bool:
-    """Whether `core` has a Triton path for this configuration."""
+def _unproven_enabled() -> bool:
+    return os.environ.get("FALCON_TRITON_UNPROVEN", "0") == "1"
+
+
+def supports(*, per_column: bool, delta: bool, window: int, T: int = 2, grad: bool = True,
+             device_type: str = "cuda") -> bool:
+    """Whether `core` has a Triton path for this configuration (on this device type)."""
     if T == 1 and not grad:
         return True
-    return not per_column and (window == 1 or not delta)
+    if per_column:
+        return False
+    if window == 1 or not delta:
+        return True
+    # Falcon-3 by pseudo-token expansion: interpreter-tested, not yet proven on the H200
+    return 16 % window == 0 and (device_type == "cpu" or interpreter_active() or _unproven_enabled())
 
 
 def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: int,
@@ -81,10 +95,12 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     if T == 1 and not grad:
         return decode_step(q, xw.to(q.dtype), vw.to(q.dtype), eta, g, S0, delta=delta, window=W,
                            read_after=read_after)
-    if not supports(per_column=per_column, delta=delta, window=W, T=T, grad=grad):
+    if not supports(per_column=per_column, delta=delta, window=W, T=T, grad=grad, device_type=q.device.type):
         raise NotImplementedError(
             "backend='triton' has no chunk kernel for "
-            + ("per-column gates (variants 2, 2A)" if per_column else "windowed regression (variant 3)")
+            + ("per-column gates (variants 2, 2A)" if per_column else
+               f"windowed regression (variant 3) with window={W} on {q.device.type} (needs a window dividing 16; "
+               "on CUDA also FALCON_TRITON_UNPROVEN=1 until it is checked on the GPU)")
             + "; use backend='torch'")
     q = q.contiguous()
     xw = xw.to(q.dtype).contiguous()
@@ -94,6 +110,10 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     S0 = S0.float().contiguous() if S0 is not None else None
     if W == 1:
         return ChunkFalconScalar.apply(q, xw, vw, eta, g, S0, delta, read_after, chunk_size, 0, tf32, None)
+    if delta:  # Falcon-3: pseudo-token (t, m) = pair xw[t + W-1-m]; decay on m = 0; groups of W
+        qe, xe, ve, ee, ge = _expand_window(q, xw, vw, eta, g, W)
+        o_e, s = ChunkFalconScalar.apply(qe, xe, ve, ee, ge, S0, True, read_after, chunk_size, 0, tf32, None, W)
+        return o_e.view(B, T, W, H, V)[:, :, 0], s
     # Falcon-3A: S = Σ_m S^(m), scan m writes the pairs W-1-m rows back (falcon-math.md §4.1).
     o_sum, s_sum = None, None
     for m in range(W):
@@ -102,3 +122,16 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
         o_sum = o_m if o_sum is None else o_sum + o_m
         s_sum = s_m if s_sum is None else s_sum + s_m
     return o_sum.to(q.dtype), s_sum
+
+
+def _expand_window(q, xw, vw, eta, g, W: int):
+    """Falcon-3 as a WY recurrence over T·W pseudo-tokens (falcon-math.md §6.6): pseudo-token (t, m)
+    carries the pair xw[t + W-1-m] with step η_t; log γ_t sits on m = 0 only, so the decay prefix is
+    constant inside a group; the kernels' GROUP = W masks make the groups block-strict (Jacobi)."""
+    B, T, H, K = q.shape
+    xs = torch.stack([xw[:, W - 1 - m: W - 1 - m + T] for m in range(W)], dim=2)
+    vs = torch.stack([vw[:, W - 1 - m: W - 1 - m + T] for m in range(W)], dim=2)
+    qe = q[:, :, None].expand(B, T, W, H, K)
+    ee = eta[:, :, None].expand(B, T, W, H)
+    ge = torch.cat([g[:, :, None], g.new_zeros(B, T, W - 1, H)], dim=2)
+    return tuple(t.reshape(B, T * W, *t.shape[3:]).contiguous() for t in (qe, xs, vs, ee, ge))

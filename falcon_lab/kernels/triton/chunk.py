@@ -84,6 +84,24 @@ def _inv16(L):
 
 
 @triton.jit
+def _gfirst(g, i, GROUP: tl.constexpr):
+    """log γ at the first pseudo-token of each row's group (Falcon-3 expansion); g itself if GROUP = 1."""
+    out = g
+    if GROUP > 1:
+        out = tl.sum(tl.where(i[None, :] == (i - i % GROUP)[:, None], g[None, :], 0.), 1)
+    return out
+
+
+@triton.jit
+def _gseg(z, i, GROUP: tl.constexpr):
+    """Adjoint of _gfirst: the sum of z over each group, placed on the group's first row."""
+    out = z
+    if GROUP > 1:
+        out = tl.sum(tl.where(i[:, None] == (i - i % GROUP)[None, :], z[None, :], 0.), 1)
+    return out
+
+
+@triton.jit
 def _st_A(A, tok, rm, col0, blk, C: tl.constexpr):
     j = tl.arange(0, 16)
     tl.store(A + tok[:, None] * C + (col0 + j)[None, :], blk, mask=rm[:, None])
@@ -92,7 +110,7 @@ def _st_A(A, tok, rm, col0, blk, C: tl.constexpr):
 @triton.jit
 def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
               C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-              IPREC: tl.constexpr):
+              IPREC: tl.constexpr, GROUP: tl.constexpr):
     """Per chunk: A = (I + L)^{-1} by 16 x 16 blocks (diagonal blocks by forward substitution, the
     rest by block substitution A_ab = -A_aa Σ_{b<=c<a} L_ac A_cb with small dots), then
     Wt = A diag(e^{ub}) X and Vt = A V. NB = C / 16 blocks (1, 2 or 4)."""
@@ -102,20 +120,20 @@ def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.cons
     h = bh % H
     NB: tl.constexpr = C // 16
     j = tl.arange(0, 16)
-    strict = j[:, None] > j[None, :]
+    strict = (j // GROUP)[:, None] > (j // GROUP)[None, :]  # GROUP > 1: block-strict (Falcon-3)
     zero = tl.zeros([16, 16], dtype=tl.float32)
     ck = tl.arange(0, BK)
     kmask = ck < K
     x0, e0, g0, tok0, xt0, m0 = _ld_blk(X, ETA, G, b, h, n * C, T, XT, XOFF, H, K, BK)
     dt = x0.dtype
     u0 = tl.cumsum(g0, 0)
-    ub0 = u0 - g0
+    ub0 = u0 - _gfirst(g0, j, GROUP)
     A00 = _inv16(tl.where(strict, _blk_L(x0, ub0, x0, u0, e0, PREC), 0.))
     _st_A(A, tok0, m0, 0, A00, C)
     if NB >= 2:
         x1, e1, g1, tok1, xt1, m1 = _ld_blk(X, ETA, G, b, h, n * C + 16, T, XT, XOFF, H, K, BK)
         u1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
-        ub1 = u1 - g1
+        ub1 = u1 - _gfirst(g1, j, GROUP)
         L10 = _blk_L(x1, ub1, x0, u0, e0, PREC)
         A11 = _inv16(tl.where(strict, _blk_L(x1, ub1, x1, u1, e1, PREC), 0.))
         A10 = -tl.dot(A11, tl.dot(L10, A00, input_precision=IPREC), input_precision=IPREC)
@@ -125,10 +143,10 @@ def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.cons
     if NB >= 4:
         x2, e2, g2, tok2, xt2, m2 = _ld_blk(X, ETA, G, b, h, n * C + 32, T, XT, XOFF, H, K, BK)
         u2 = tl.cumsum(g2, 0) + tl.sum(g0, 0) + tl.sum(g1, 0)
-        ub2 = u2 - g2
+        ub2 = u2 - _gfirst(g2, j, GROUP)
         x3, e3, g3, tok3, xt3, m3 = _ld_blk(X, ETA, G, b, h, n * C + 48, T, XT, XOFF, H, K, BK)
         u3 = tl.cumsum(g3, 0) + tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0)
-        ub3 = u3 - g3
+        ub3 = u3 - _gfirst(g3, j, GROUP)
         L20 = _blk_L(x2, ub2, x0, u0, e0, PREC)
         L21 = _blk_L(x2, ub2, x1, u1, e1, PREC)
         L30 = _blk_L(x3, ub3, x0, u0, e0, PREC)
@@ -245,7 +263,7 @@ def _fwd_state(X, VV, ETA, G, WT, VT, S0, HS, R, ST, T, XT, XOFF, NT, H: tl.cons
 @triton.jit
 def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
              C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DELTA: tl.constexpr,
-             READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+             READ_AFTER: tl.constexpr, PREC: tl.constexpr, GROUP: tl.constexpr):
     vb = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
@@ -270,10 +288,10 @@ def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl
     u = tl.cumsum(g, 0)
     if READ_AFTER:
         ur = u
-        causal = i[:, None] >= i[None, :]
+        causal = (i // GROUP)[:, None] >= (i // GROUP)[None, :]
     else:
-        ur = u - g
-        causal = i[:, None] > i[None, :]
+        ur = u - _gfirst(g, i, GROUP)
+        causal = (i // GROUP)[:, None] > (i // GROUP)[None, :]
     qx = tl.dot(q, tl.trans(x), input_precision=PREC)
     P = tl.where(causal, qx * tl.exp(tl.minimum(ur[:, None] - u[None, :], 0.)), 0.)
     S = tl.load(HS + (bh.to(tl.int64) * NT + n) * K * V + ck[:, None] * V + cv[None, :],
@@ -293,7 +311,8 @@ def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl
 # ------------------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-             BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+             BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
+             GROUP: tl.constexpr):
     vb = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
@@ -316,10 +335,10 @@ def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: 
     u = tl.cumsum(g, 0)
     if READ_AFTER:
         ur = u
-        causal = i[:, None] >= i[None, :]
+        causal = (i // GROUP)[:, None] >= (i // GROUP)[None, :]
     else:
-        ur = u - g
-        causal = i[:, None] > i[None, :]
+        ur = u - _gfirst(g, i, GROUP)
+        causal = (i // GROUP)[:, None] > (i // GROUP)[None, :]
     # Pᵀ built directly (rows s, columns i): no transpose of a dot result feeds a dot (fla #640).
     xq = tl.dot(x, tl.trans(q), input_precision=PREC)
     PT = tl.where(tl.trans(causal), xq * tl.exp(tl.minimum(ur[None, :] - u[:, None], 0.)), 0.)
@@ -332,7 +351,7 @@ def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: 
 def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                DELTA: tl.constexpr, READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr,
-               STORE_DS0: tl.constexpr, PREC: tl.constexpr):
+               STORE_DS0: tl.constexpr, PREC: tl.constexpr, GROUP: tl.constexpr):
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -368,7 +387,7 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
         if READ_AFTER:
             ur = u
         else:
-            ur = u - g
+            ur = u - _gfirst(g, i, GROUP)
         do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
         du = tl.load(DU + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
         du += tl.dot(x, dH.to(dt), input_precision=PREC) * tl.exp(tl.minimum(uC - u, 0.))[:, None]
@@ -385,7 +404,8 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
 @triton.jit
 def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, XT, XOFF, NT,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-              BV: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+              BV: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
+              GROUP: tl.constexpr):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -405,14 +425,14 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
     g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
     u = tl.cumsum(g, 0)
     uC = tl.sum(g, 0)
-    ub = u - g
+    ub = u - _gfirst(g, i, GROUP)
     if READ_AFTER:
         ur = u
-        causal = i[:, None] >= i[None, :]
+        causal = (i // GROUP)[:, None] >= (i // GROUP)[None, :]
     else:
         ur = ub
-        causal = i[:, None] > i[None, :]
-    strict = i[:, None] > i[None, :]
+        causal = (i // GROUP)[:, None] > (i // GROUP)[None, :]
+    strict = (i // GROUP)[:, None] > (i // GROUP)[None, :]
     eC = tl.exp(tl.minimum(uC - u, 0.))
     if DELTA:
         Ai = tl.load(A + tok[:, None] * C + i[None, :], mask=rmask[:, None], other=0.)
@@ -496,9 +516,9 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
     dx += tl.trans(dxT)
     d_u += d_ur + d_ub
     d_u += tl.where(i == C - 1, duC, 0.)
-    dg = tl.cumsum(d_u, 0, reverse=True) - d_ub
+    dg = tl.cumsum(d_u, 0, reverse=True) - _gseg(d_ub, i, GROUP)
     if not READ_AFTER:
-        dg -= d_ur
+        dg -= _gseg(d_ur, i, GROUP)
     tl.store(DQ + tok[:, None] * K + ck[None, :], dq.to(DQ.dtype.element_ty), mask=km)
     tl.store(DX + xtok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
     tl.store(DETA + tok, d_eta, mask=rmask)
@@ -542,7 +562,7 @@ def _stages(dtype: torch.dtype) -> dict:
 
 
 def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf32=False,
-                  out_dtype=None):
+                  out_dtype=None, group=1):
     B, T, H, K = q.shape
     XT = x.shape[1]
     V = v.shape[-1]
@@ -558,7 +578,7 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         VT = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
         R = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
         iprec = prec if (q.dtype == torch.float32 or dev.type == "cpu") else "tf32"
-        _fwd_prep[(NT, B * H)](x, v, eta, g, A, WT, VT, T, XT, xoff, H, K, V, C, BK, BVo, prec, iprec, **st)
+        _fwd_prep[(NT, B * H)](x, v, eta, g, A, WT, VT, T, XT, xoff, H, K, V, C, BK, BVo, prec, iprec, group, **st)
     else:
         A = WT = VT = R = eta  # never read (constexpr-disabled branches)
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
@@ -568,12 +588,12 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         BK, BVs, delta, S0 is not None, True, prec, **st)
     O = _empty((B, T, H, V), out_dtype or q.dtype, dev)
     _fwd_out[(triton.cdiv(V, BVo), NT, B * H)](
-        q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, **st)
+        q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, group, **st)
     return O, ST, (HS, A, WT, R)
 
 
 def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xoff=0,
-                   allow_tf32=False, need_ds0=True):
+                   allow_tf32=False, need_ds0=True, group=1):
     HS, A, WT, R = saved
     B, T, H, K = q.shape
     XT = x.shape[1]
@@ -586,13 +606,13 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     f32 = torch.float32
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     _bwd_dul[(triton.cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,
-                                                read_after, prec, **st)
+                                                read_after, prec, group, **st)
     DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
     _bwd_state[(triton.cdiv(V, BVs), B * H)](
         q, x, eta, g, WT, dO, DU, dST if dST is not None else eta, DHS,
         DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BK, BVs, delta, read_after,
-        dST is not None, need_ds0, prec, **st)
+        dST is not None, need_ds0, prec, group, **st)
     dq = _empty(q.shape, q.dtype, dev)
     if xoff == 0 and XT == T:
         dx = _empty(x.shape, x.dtype, dev)
@@ -603,7 +623,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
     _bwd_main[(NT, B * H)](q, x, v, R, eta, g, A, HS, DHS, dO, DU, dq, dx, dv, deta, dg, T, XT, xoff,
-                           NT, H, K, V, C, BK, BVm, delta, read_after, prec, num_warps=wm, **st)
+                           NT, H, K, V, C, BK, BVm, delta, read_after, prec, group, num_warps=wm, **st)
     return dq, dx, dv, deta, dg, DS0
 
 
@@ -612,22 +632,22 @@ class ChunkFalconScalar(torch.autograd.Function):
     backward are the Triton kernels above; no torch autograd fallback inside."""
 
     @staticmethod
-    def forward(ctx, q, x, v, eta, g, S0, delta, read_after, C, xoff, allow_tf32, out_dtype):
+    def forward(ctx, q, x, v, eta, g, S0, delta, read_after, C, xoff, allow_tf32, out_dtype, group=1):
         O, ST, saved = chunk_forward(q, x, v, eta, g, S0, delta=delta, read_after=read_after, C=C,
-                                     xoff=xoff, allow_tf32=allow_tf32, out_dtype=out_dtype)
+                                     xoff=xoff, allow_tf32=allow_tf32, out_dtype=out_dtype, group=group)
         ctx.save_for_backward(q, x, v, eta, g, *saved)
-        ctx.cfg = (delta, read_after, C, xoff, allow_tf32, S0 is not None)
+        ctx.cfg = (delta, read_after, C, xoff, allow_tf32, S0 is not None, group)
         return O, ST
 
     @staticmethod
     def backward(ctx, dO, dST):
         q, x, v, eta, g, *saved = ctx.saved_tensors
-        delta, read_after, C, xoff, allow_tf32, has_s0 = ctx.cfg
+        delta, read_after, C, xoff, allow_tf32, has_s0, group = ctx.cfg
         if dO is None:
             dO = torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=q.dtype, device=q.device)
         dO = dO.contiguous()
         dST = dST.contiguous().float() if dST is not None else None
         dq, dx, dv, deta, dg, dS0 = chunk_backward(
             q, x, v, eta, g, saved, dO, dST, delta=delta, read_after=read_after, C=C, xoff=xoff,
-            allow_tf32=allow_tf32, need_ds0=has_s0 and ctx.needs_input_grad[5])
-        return dq, dx, dv, deta, dg, dS0, None, None, None, None, None, None
+            allow_tf32=allow_tf32, need_ds0=has_s0 and ctx.needs_input_grad[5], group=group)
+        return dq, dx, dv, deta, dg, dS0, None, None, None, None, None, None, None
