@@ -7,7 +7,8 @@ ROW: transformer | mamba2 | retnet | falcon_1a_1 | falcon_1a_2 | falcon_1a_3 | f
      falcon_1_3 | falcon_2a_3 | falcon_3_3
 Extra arguments are Hydra overrides of the training config (e.g. trainer.max_steps=200).
 Results: experiments/addition/results/<scale>/<row>_seed<S>.json (+ the run in MLflow experiment
-``addition_<scale>``). A run killed part-way resumes with ``ckpt_path=<run_dir>/checkpoints/last.ckpt``.
+``addition_<scale>``). A run killed part-way resumes with
+``ckpt_path=<run_dir>/checkpoints/last.ckpt run_dir=<run_dir>`` (run_dir printed at start).
 """
 from __future__ import annotations
 
@@ -67,11 +68,15 @@ def main(argv=None):
     name = f"{a.row}_seed{a.seed}"
     out = Path(a.out) / a.scale
     out.mkdir(parents=True, exist_ok=True)
-    run_dir = Path("outputs") / f"addition_{a.scale}" / name
+    # a fresh folder per invocation (Lightning would version checkpoint names in a reused one);
+    # resume a killed run with ckpt_path=<its run dir>/checkpoints/last.ckpt run_dir=<its run dir>
+    run_dir = Path("outputs") / f"addition_{a.scale}" / name / time.strftime("%Y-%m-%d_%H-%M-%S")
     overrides = (["experiment=addition"] + ROWS[a.row] + SCALES[a.scale] +
                  [f"seed={a.seed}", f"logger.experiment_name=addition_{a.scale}", f"logger.run_name={name}",
                   f"run_dir={run_dir.resolve()}"] + list(a.overrides))
     cfg = compose(overrides)
+    run_dir = Path(str(cfg.run_dir))  # an override may have set it (resume)
+    print(f"[addition] {a.row} seed {a.seed} ({a.scale}): run dir {run_dir}", flush=True)
     cb = callback_from_cfg(cfg, dirpath=str(run_dir))
     t0 = time.time()
     res = run(cfg, callbacks=[cb])

@@ -90,9 +90,13 @@ class MlflowSink:
             exps = [e.experiment_id for e in self.client.search_experiments()]
             if not exps:
                 return None
-            runs = self.client.search_runs(exps, filter_string=f"tags.run_dir = '{run_dir}'", max_results=5)
+            runs = self.client.search_runs(exps, filter_string=f"tags.run_dir = '{run_dir}'", max_results=5,
+                                           order_by=["attributes.start_time DESC"])
         except Exception:
             return None
+        if len(runs) > 1:
+            print(f"[falcon_lab] {len(runs)} MLflow runs used {run_dir}; logging to the latest, "
+                  f"{runs[0].info.run_id} (mlflow.run_id= to choose)")
         return runs[0].info.run_id if runs else None
 
     def log_metrics(self, metrics: dict, step: int = 0):
