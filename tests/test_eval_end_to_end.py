@@ -76,7 +76,9 @@ def test_evaluate_end_to_end_logs_to_training_run(trained):
     assert run.data.metrics["ppl/corpus/ppl"] == pytest.approx(m["ppl/corpus/ppl"])
     assert run.data.metrics["mqar/state_numel"] > 0
     arts = {a.path for a in client.list_artifacts(res["run_id"], "eval")}
-    assert {"eval/ppl.json", "eval/addition_accuracy_vs_width.png", "eval/passkey_heatmap.png"} <= arts
+    assert {"eval/ppl.json", "eval/ppl_summary.png", "eval/addition_accuracy_vs_width.png", "eval/passkey_heatmap.png",
+            "eval/mqar_accuracy.png", "eval/lm_eval_local.png"} <= arts
+    assert {f"eval/{s}.json" for s in ("ppl", "lm_eval", "addition", "mqar", "passkey")} <= arts
     hist = client.get_metric_history(res["run_id"], "extrap/corpus_x4/loss_at_position")
     assert len(hist) > 8 and max(h.step for h in hist) == 256
     summary = json.loads((Path(out["out_dir"]) / "summary.json").read_text())

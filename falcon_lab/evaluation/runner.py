@@ -166,7 +166,28 @@ def run_ppl(model, tok, train_cfg, ecfg, out: Path):
                                   f"{m[f'extrap/{pc.name}/loss_within_train_len']:.4f}, beyond "
                                   f"{m[f'extrap/{pc.name}/loss_beyond_train_len']:.4f}")
     results["unavailable"] = unavailable
+    scored = {k: v for k, v in results.items() if isinstance(v, dict) and "bits_per_byte" in v}
+    if scored:
+        pngs.insert(0, _plot_ppl(scored, out / "ppl_summary.png"))
     return metrics, results, "\n".join(tables), pngs, {}
+
+
+def _plot_ppl(scored: dict, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(scored)
+    fig, ax = plt.subplots(1, 2, figsize=(2.5 + 1.2 * len(names), 3.2))
+    ax[0].bar(names, [scored[n]["ppl"] for n in names])
+    ax[0].set_title("token perplexity")
+    ax[1].bar(names, [scored[n]["bits_per_byte"] for n in names], color="C1")
+    ax[1].set_title("bits per byte")
+    for a in ax:
+        a.tick_params(axis="x", labelsize=7, rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
 
 
 def _plot_curve(pc, path):
