@@ -155,3 +155,22 @@ def test_study_rejects_a_changed_space(tmp_path):
     prepare(s, [], **kw)  # same space: resumes
     with pytest.raises(SweepMismatch, match="different search space or fit overrides"):
         prepare(s, ["trainer.max_steps=9"], **kw)
+
+
+def test_report_arms_table_averages_over_seeds(tmp_path):
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    from falcon_lab.sweeps.report import arms_table, format_table, write_report
+
+    study = optuna.create_study(direction="minimize")
+    dist = {"mixer.shift": CategoricalDistribution([True, False]), "seed": CategoricalDistribution([0, 1])}
+    for shift, seed, v in [(True, 0, 1.0), (True, 1, 3.0), (False, 0, 0.5), (False, 1, 1.0)]:
+        study.add_trial(optuna.trial.create_trial(params={"mixer.shift": shift, "seed": seed},
+                                                  distributions=dist, value=v))
+    table = arms_table(study).splitlines()
+    assert table[0] == "| mixer.shift | n | mean | min | max |"
+    assert table[2] == "| False | 2 | 0.75 | 0.5 | 1 |" and table[3] == "| True | 2 | 2 | 1 | 3 |"
+    assert "COMPLETE" in format_table(study)
+    md = write_report(study, tmp_path / "r").read_text()
+    assert "## Arms (over seeds)" in md and (tmp_path / "r" / "param_importances.png").exists()

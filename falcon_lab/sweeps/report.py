@@ -61,6 +61,32 @@ def markdown_table(study) -> str:
     return "\n".join(lines)
 
 
+SEED_KEYS = ("seed", "data.seed", "+seed")
+
+
+def arms_table(study) -> str | None:
+    """Mean / min / max of the COMPLETE values per arm, an arm being the parameters other than
+    the seed (ours: only drawn when the space searches a seed)."""
+    from optuna.trial import TrialState
+
+    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    seed_keys = {k for t in done for k in t.params if k in SEED_KEYS}
+    if not seed_keys or not done:
+        return None
+    arms: dict[tuple, list[float]] = {}
+    keys = sorted({k for t in done for k in t.params if k not in seed_keys})
+    for t in done:
+        arms.setdefault(tuple(t.params.get(k) for k in keys), []).append(float(t.value))
+    reverse = study.direction.name == "MAXIMIZE"
+    order = sorted(arms.items(), key=lambda kv: sum(kv[1]) / len(kv[1]), reverse=reverse)
+    lines = ["| " + " | ".join([*keys, "n", "mean", "min", "max"]) + " |",
+             "|" + "---|" * (len(keys) + 4)]
+    for arm, vals in order:
+        lines.append("| " + " | ".join([*map(_fmt, arm), str(len(vals)), _fmt(sum(vals) / len(vals)),
+                                         _fmt(min(vals)), _fmt(max(vals))]) + " |")
+    return "\n".join(lines)
+
+
 def write_csv(study, path: Path) -> Path:
     header, body = rows(study)
     with open(path, "w", newline="") as f:
@@ -145,6 +171,9 @@ def write_report(study, out_dir: Path, *, space=None, storage: str = "",
         lines += ["## Best trial", "", f"Trial {best.number}: `{metric}` = {_fmt(best.value)}", ""]
         lines += [f"- `{k}` = `{v}`" for k, v in best.params.items()]
         lines.append("")
+    arms = arms_table(study)
+    if arms:
+        lines += ["## Arms (over seeds)", "", arms, ""]
     lines += ["## Trials", "", markdown_table(study), ""]
     if plots or skipped:
         lines += ["## Plots", ""]
