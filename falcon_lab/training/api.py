@@ -100,19 +100,20 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
     peak = device_peak_flops((cfg.get("metrics") or {}).get("peak_flops"))
     trainer.callbacks.append(ThroughputMFU(tokens_per_step, module.model.flops_per_token(int(cfg.data.seq_len)),
                                            peak, log_every=int(cfg.trainer.get("log_every_n_steps") or 1)))
-    run_id = logger.run_id if logger is not None else None
-    if logger is not None and trainer.global_rank == 0:
-        try:
-            logger.log_hyperparams(_flat_params(cfg))
-        except Exception as e:  # resuming a run with changed settings: MLflow params are immutable
-            print(f"[falcon_lab] warning: params not re-logged to run {run_id}: {str(e)[:200]}")
-            logger.experiment.set_tag(run_id, "resumed_with_changed_params", "true")
-        logger.experiment.set_tag(run_id, "run_dir", str(run_dir))
-        logger.experiment.set_tag(run_id, "params_total", str(module.model.num_params()))
-        logger.experiment.set_tag(run_id, "state_numel_per_seq", str(module.model.state_numel(1, int(cfg.data.seq_len))))
     ckpt_path = cfg.get("ckpt_path") or None
     status = "failed"
+    run_id = None
     try:
+        run_id = logger.run_id if logger is not None else None
+        if logger is not None and trainer.global_rank == 0:
+            try:
+                logger.log_hyperparams(_flat_params(cfg))
+            except Exception as e:  # resuming a run with changed settings: MLflow params are immutable
+                print(f"[falcon_lab] warning: params not re-logged to run {run_id}: {str(e)[:200]}")
+                logger.experiment.set_tag(run_id, "resumed_with_changed_params", "true")
+            logger.experiment.set_tag(run_id, "run_dir", str(run_dir))
+            logger.experiment.set_tag(run_id, "params_total", str(module.model.num_params()))
+            logger.experiment.set_tag(run_id, "state_numel_per_seq", str(module.model.state_numel(1, int(cfg.data.seq_len))))
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
         status = "success"
     finally:
