@@ -40,6 +40,12 @@ def test_window_arms_and_paper_rows():
     assert c.data.batch_size * c.trainer.accumulate_grad_batches * c.trainer.devices == 480
 
 
+def test_knobs_that_apply_are_accepted():
+    for ov in (["mixer.lam=const", "mixer.lam_value=0.5"], ["mixer.preset=.1", "mixer.beta_max=1.5"],
+               ["mixer.lam_scale=0.5"], ["mixer.gate=ctx_beta", "mixer.eps=1e-3"]):
+        validate_config(compose(ov))
+
+
 def test_typo_keys_are_rejected_by_name():
     with pytest.raises(ConfigCompositionException, match="windw"):
         compose(["mixer.windw=4"])
@@ -55,6 +61,9 @@ def test_typo_keys_are_rejected_by_name():
     (["mixer.window=4"], "mixer.window"),                         # window does not apply to variant 1A
     (["mixer.variant=3", "mixer.window=0"], "mixer.window"),
     (["mixer.variant=7"], "mixer.variant"),
+    (["mixer.lam_value=0.5"], "mixer.lam_value"),                 # lam=ctx (preset .3): lam_value unused
+    (["mixer.beta_max=1.5"], "mixer.beta_max"),                   # gate=ctx_eta (preset .3)
+    (["mixer.lam=off", "mixer.lam_mode=absolute"], "mixer.lam_mode"),
     (["mixer.gate=ctx_gamma"], "mixer.gate"),
     (["mixer.lam_mode=relative"], "mixer.lam_mode"),
     (["mixer=attention", "+mixer.variant=1"], "mixer.variant"),

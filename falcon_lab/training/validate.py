@@ -24,6 +24,36 @@ def _pos_int(cfg, key):
     return v
 
 
+def _falcon_defaults() -> dict:
+    from importlib import resources
+
+    text = resources.files("falcon_lab.configs").joinpath("mixer", "falcon.yaml").read_text()
+    return OmegaConf.to_container(OmegaConf.create(text), resolve=True)
+
+
+def _check_applicability(mixer: dict) -> None:
+    """A Falcon knob moved off its default where it has no effect is an error naming the key."""
+    from falcon_lab.models.mixers.falcon import resolve_falcon_knobs
+
+    _, gate, lam, _ = resolve_falcon_knobs(mixer.get("variant", "1A"), mixer.get("preset"), mixer.get("qk_norm"),
+                                           mixer.get("gate"), mixer.get("lam"), mixer.get("window"))
+    lam_mode = mixer.get("lam_mode", "scaled")
+    rules = {
+        "lam_value": (lam == "const", "mixer.lam=const"),
+        "lam_scale": (lam == "ctx" and lam_mode == "scaled", "mixer.lam=ctx with mixer.lam_mode=scaled"),
+        "lam_init_bias": (lam == "ctx", "mixer.lam=ctx"),
+        "lam_mode": (lam != "off", "mixer.lam=ctx or const"),
+        "beta_max": (gate == "ctx_beta", "mixer.gate=ctx_beta"),
+        "eta_max": (gate == "ctx_eta", "mixer.gate=ctx_eta"),
+        "eps": (gate == "ctx_beta", "mixer.gate=ctx_beta (the NLMS division; a direct step has no ε)"),
+    }
+    defaults = _falcon_defaults()
+    for key, (applies, when) in rules.items():
+        if key in mixer and key in defaults and mixer[key] != defaults[key] and not applies:
+            raise ConfigError(f"mixer.{key}: set to {mixer[key]!r} but it only has an effect with {when} "
+                              f"(here gate={gate}, lam={lam}, lam_mode={lam_mode})")
+
+
 def validate_config(cfg: DictConfig) -> None:
     from falcon_lab.data.registry import get_datamodule_cls
     from falcon_lab.models.mixers.registry import get_mixer_cls, mixer_knobs
@@ -62,6 +92,7 @@ def validate_config(cfg: DictConfig) -> None:
         for k in ("eps", "eps_gamma", "lam_scale", "beta_max", "eta_max"):
             if k in mixer and not (float(mixer[k]) >= 0):
                 raise ConfigError(f"mixer.{k}: must be >= 0, got {mixer[k]!r}")
+        _check_applicability(mixer)
         if mixer.get("chunk_size", 64) < 1:
             raise ConfigError(f"mixer.chunk_size: must be >= 1, got {mixer.get('chunk_size')}")
     # ---- data
