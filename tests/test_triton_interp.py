@@ -39,6 +39,11 @@ CASES.append(_c("F3A-W4-before-C32", delta=False, W=4, after=False, C=32, T=45, 
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10))
 CASES.append(_c("F3-W4-C64-strong-decay", delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True, seed=12))
+CASES.append(_c("F2A-after", delta=False, per_col=True, seed=13))
+CASES.append(_c("F2A-before-C32-V20", delta=False, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=14))
+CASES.append(_c("F2A-C64-strong-decay-no-S0", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
+                strong=True, s0=False, seed=15))
+CASES.append(_c("F2A-fp16", delta=False, per_col=True, dtype="float16", seed=16))
 DECODE = []
 for delta in (True, False):
     for per_col, W in ((False, 1), (True, 1), (False, 4)):
@@ -48,7 +53,7 @@ for delta in (True, False):
                                K=16, V=32, W=W, delta=delta, after=after, per_col=per_col, seed=11))
 
 
-API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21) for v in ("1", "1A", "3A", "3")]
+API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21) for v in ("1", "1A", "3A", "3", "2A")]
 
 
 @pytest.fixture(scope="module")

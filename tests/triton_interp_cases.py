@@ -26,7 +26,7 @@ def run_case(c):
     B, T, H, K, V = c["B"], c["T"], c["H"], c["K"], c["V"]
     W, delta, after, C = c["W"], c["delta"], c["after"], c["C"]
     dtype = getattr(torch, c["dtype"])
-    q, xw, vw, eta, g, S0 = make(B, T, H, K, V, W, c.get("strong", False), c["seed"])
+    q, xw, vw, eta, g, S0 = make(B, T, H, K, V, W, c.get("strong", False), c["seed"], per_col=c.get("per_col", False))
     if not c.get("s0", True):
         S0 = None
     ins = [q, xw, vw, eta, g] + ([S0] if S0 is not None else [])

@@ -68,7 +68,8 @@ def check_api(*, variant, dtype, K, seed=0, dev="cuda"):
     q = nrm(torch.randn(1, Tt, H, K, device=dev, dtype=torch.float64)).to(dt).double()
     k = nrm(torch.randn(1, Tt, H, K, device=dev, dtype=torch.float64)).to(dt).double()
     v = torch.randn(1, Tt, H, V, device=dev, dtype=torch.float64).to(dt).double()
-    beta = (torch.rand(1, Tt, H, device=dev, dtype=torch.float64) * 1.8).float().double()
+    pc = (V,) if variant in ("2", "2A") else ()
+    beta = (torch.rand(1, Tt, H, *pc, device=dev, dtype=torch.float64) * 1.8).float().double()
     lam = (torch.rand(1, Tt, H, device=dev, dtype=torch.float64) * 0.5).float().double()
     kw = dict(variant=variant, window=4, lam_mode="scaled")
     ins = [t.clone().requires_grad_(True) for t in (q, k, v, beta, lam)]
@@ -86,7 +87,7 @@ def check_api(*, variant, dtype, K, seed=0, dev="cuda"):
     T, cut = (777, 300) if dev == "cuda" else (50, 21)
     q2, k2, v2 = (torch.randn(2, T, H, K, device=dev).to(dt) for _ in range(3))
     q2, k2 = nrm(q2.float()).to(dt), nrm(k2.float()).to(dt)
-    b2 = torch.rand(2, T, H, device=dev) * 1.8
+    b2 = torch.rand(2, T, H, *pc, device=dev) * 1.8
     l2 = torch.rand(2, T, H, device=dev) * 0.5
     full, _ = recurrent_falcon(*(t.double() for t in (q2, k2, v2, b2, l2)), **kw)
     o1, st = chunk_falcon(q2[:, :cut], k2[:, :cut], v2[:, :cut], b2[:, :cut], l2[:, :cut],

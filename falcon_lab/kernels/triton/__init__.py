@@ -12,8 +12,10 @@ What runs where (docs/kernels-triton.md):
     pseudo-token expansion (falcon-math.md §6.6: T·W pseudo-tokens, block-strict mask so every residual
     of a step uses S_{t-1}). Tested under the interpreter only: on CUDA it is OFF unless
     FALCON_TRITON_UNPROVEN=1 (it has not been run on the H200 yet);
-  * per-column gates with T > 1 (Falcon-2, -2A): NOT implemented in Triton; `supports()` says False
-    and `core` raises NotImplementedError (the api falls back to the torch chunk core).
+  * per-column gates, linear (Falcon-2A): percol.py, exact [C, C, 4]-column broadcast for the
+    intra-chunk decays; interpreter-tested only, OFF on CUDA unless FALCON_TRITON_UNPROVEN=1;
+  * per-column gates with delta (Falcon-2): NOT implemented in Triton; `supports()` says False and
+    `core` raises NotImplementedError (the api falls back to the torch chunk core).
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
 before triton is first imported (the tests start a subprocess for that).
 """
@@ -27,6 +29,7 @@ import torch
 
 from .chunk import ChunkFalconScalar
 from .decode import decode_step
+from .percol import ChunkFalconPerColumnLinear
 
 __all__ = ["core", "supports", "decode_step", "interpreter_active"]
 
@@ -53,12 +56,13 @@ def supports(*, per_column: bool, delta: bool, window: int, T: int = 2, grad: bo
     """Whether `core` has a Triton path for this configuration (on this device type)."""
     if T == 1 and not grad:
         return True
-    if per_column:
-        return False
+    unproven_ok = device_type == "cpu" or interpreter_active() or _unproven_enabled()
+    if per_column:  # Falcon-2A only (Falcon-2's per-column solves are not built)
+        return not delta and window == 1 and unproven_ok
     if window == 1 or not delta:
         return True
     # Falcon-3 by pseudo-token expansion: interpreter-tested, not yet proven on the H200
-    return 16 % window == 0 and (device_type == "cpu" or interpreter_active() or _unproven_enabled())
+    return 16 % window == 0 and unproven_ok
 
 
 def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: int,
@@ -108,6 +112,8 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     eta = eta.float().contiguous()
     g = g.float().contiguous()
     S0 = S0.float().contiguous() if S0 is not None else None
+    if per_column:
+        return ChunkFalconPerColumnLinear.apply(q, xw, vw, eta, g, S0, read_after, chunk_size, tf32)
     if W == 1:
         return ChunkFalconScalar.apply(q, xw, vw, eta, g, S0, delta, read_after, chunk_size, 0, tf32, None)
     if delta:  # Falcon-3: pseudo-token (t, m) = pair xw[t + W-1-m]; decay on m = 0; groups of W

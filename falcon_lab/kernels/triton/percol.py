@@ -1,0 +1,334 @@
+"""Triton chunk kernels for per-value-column gates, linear objective (Falcon-2A), forward and backward.
+
+    S_t = S_{t-1} diag(γ_t) + x_t (η_t ⊙ v_t)ᵀ ,   γ_t, η_t ∈ R^V
+
+Per column c with local log-prefix u_{:,c} (falcon-math.md §6.2):
+    o_{i,c}   = e^{ur_{i,c}} (Q S)_{i,c} + Σ_{s<=i | s<i} (q_i·x_s) e^{ur_{i,c} - u_{s,c}} η_{s,c} v_{s,c}
+    S_out     = S diag(e^{u_C}) + Xᵀ (e^{u_C - u} ⊙ η ⊙ V)
+The intra-chunk term has a different decay per column, so it is not one matmul; it is computed exactly
+as a [C, C, SB] broadcast over SB = 4 columns at a time (every exponent <= 0; the GLA-style factorisation
+e^{u_i} e^{-u_s} would overflow fp32 under the clamp-firing decays this op allows). Inter-chunk parts
+(Q S, Xᵀ W, state passes) are tensor-core dots as in chunk.py.
+
+Status: tested under the Triton interpreter against float64; NOT yet run on the H200 (off on CUDA unless
+FALCON_TRITON_UNPROVEN=1).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .chunk import _cfg, _empty, _prec, _stages
+
+SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per program)
+
+
+@triton.jit
+def _pc_fwd_state(X, VV, ETA, G, S0, HS, ST, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_S0: tl.constexpr,
+                  PREC: tl.constexpr):
+    vb = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    smask = kmask[:, None] & vmask[None, :]
+    soff = ck[:, None] * V + cv[None, :]
+    bh64 = bh.to(tl.int64)
+    if HAS_S0:
+        S = tl.load(S0 + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    for n in range(0, NT):
+        tl.store(HS + (bh64 * NT + n) * K * V + soff, S, mask=smask)
+        rows = n * C + i
+        rmask = rows < T
+        tok = (b * T + rows).to(tl.int64) * H + h
+        x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+        vm = rmask[:, None] & vmask[None, :]
+        v = tl.load(VV + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        eta = tl.load(ETA + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
+        g = tl.load(G + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
+        u = tl.cumsum(g, 0)
+        uC = tl.sum(g, 0)
+        w = v * eta * tl.exp(tl.minimum(uC[None, :] - u, 0.))
+        S = S * tl.exp(uC)[None, :] + tl.dot(tl.trans(x), w.to(x.dtype), input_precision=PREC)
+    tl.store(ST + bh64 * K * V + soff, S, mask=smask)
+
+
+@triton.jit
+def _pc_fwd_inter(Q, G, HS, OF, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+    vb = tl.program_id(0)
+    n = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    rows = n * C + i
+    rmask = rows < T
+    tok = (b * T + rows).to(tl.int64) * H + h
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    vm = rmask[:, None] & vmask[None, :]
+    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+    g = tl.load(G + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
+    u = tl.cumsum(g, 0)
+    if READ_AFTER:
+        ur = u
+    else:
+        ur = u - g
+    S = tl.load(HS + (bh.to(tl.int64) * NT + n) * K * V + ck[:, None] * V + cv[None, :],
+                mask=kmask[:, None] & vmask[None, :], other=0.)
+    o = tl.dot(q, S.to(q.dtype), input_precision=PREC) * tl.exp(ur)
+    tl.store(OF + tok[:, None] * V + cv[None, :], o, mask=vm)
+
+
+@triton.jit
+def _pc_fwd_intra(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  C: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr, READ_AFTER: tl.constexpr,
+                  PREC: tl.constexpr):
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    rows = n * C + i
+    rmask = rows < T
+    tok = (b * T + rows).to(tl.int64) * H + h
+    ck = tl.arange(0, BK)
+    km = rmask[:, None] & (ck < K)[None, :]
+    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    x = tl.load(X + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    if READ_AFTER:
+        causal = i[:, None] >= i[None, :]
+    else:
+        causal = i[:, None] > i[None, :]
+    P = tl.where(causal, tl.dot(q, tl.trans(x), input_precision=PREC), 0.)
+    for vb in range(0, tl.cdiv(V, SB)):
+        cv = vb * SB + tl.arange(0, SB)
+        vm = rmask[:, None] & (cv < V)[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        v = tl.load(VV + off, mask=vm, other=0.).to(tl.float32)
+        eta = tl.load(ETA + off, mask=vm, other=0.)
+        g = tl.load(G + off, mask=vm, other=0.)
+        u = tl.cumsum(g, 0)
+        if READ_AFTER:
+            ur = u
+        else:
+            ur = u - g
+        D = tl.exp(tl.minimum(ur[:, None, :] - u[None, :, :], 0.))
+        intra = tl.sum(P[:, :, None] * D * (v * eta)[None, :, :], 1)
+        of = tl.load(OF + off, mask=vm, other=0.)
+        tl.store(O + off, (of + intra).to(O.dtype.element_ty), mask=vm)
+
+
+@triton.jit
+def _pc_bwd_state(Q, X, G, DO, DST, DHS, DU, DS0, T, NT, H: tl.constexpr, K: tl.constexpr,
+                  V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr,
+                  PREC: tl.constexpr):
+    vb = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    smask = kmask[:, None] & vmask[None, :]
+    soff = ck[:, None] * V + cv[None, :]
+    bh64 = bh.to(tl.int64)
+    if HAS_DST:
+        dH = tl.load(DST + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
+    else:
+        dH = tl.zeros([BK, BV], dtype=tl.float32)
+    for nn in range(0, NT):
+        n = NT - 1 - nn
+        tl.store(DHS + (bh64 * NT + n) * K * V + soff, dH, mask=smask)
+        rows = n * C + i
+        rmask = rows < T
+        tok = (b * T + rows).to(tl.int64) * H + h
+        km = rmask[:, None] & kmask[None, :]
+        vm = rmask[:, None] & vmask[None, :]
+        x = tl.load(X + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+        q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+        dt = x.dtype
+        g = tl.load(G + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
+        u = tl.cumsum(g, 0)
+        uC = tl.sum(g, 0)
+        if READ_AFTER:
+            ur = u
+        else:
+            ur = u - g
+        do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        du = tl.dot(x, dH.to(dt), input_precision=PREC) * tl.exp(tl.minimum(uC[None, :] - u, 0.))
+        tl.store(DU + tok[:, None] * V + cv[None, :], du, mask=vm)
+        dH = dH * tl.exp(uC)[None, :] + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(dt), input_precision=PREC)
+    if STORE_DS0:
+        tl.store(DS0 + bh64 * K * V + soff, dH, mask=smask)
+
+
+@triton.jit
+def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, DG, T, NT,
+                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                 BV: tl.constexpr, SB: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    rows = n * C + i
+    rmask = rows < T
+    tok = (b * T + rows).to(tl.int64) * H + h
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    km = rmask[:, None] & kmask[None, :]
+    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    x = tl.load(X + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    dt = q.dtype
+    if READ_AFTER:
+        causal = i[:, None] >= i[None, :]
+    else:
+        causal = i[:, None] > i[None, :]
+    P = tl.where(causal, tl.dot(q, tl.trans(x), input_precision=PREC), 0.)
+    M = tl.zeros([C, C], dtype=tl.float32)
+    # pass 1: the per-column intra-chunk terms, SB columns at a time
+    for vb in range(0, tl.cdiv(V, SB)):
+        cv = vb * SB + tl.arange(0, SB)
+        vm = rmask[:, None] & (cv < V)[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        v = tl.load(VV + off, mask=vm, other=0.).to(tl.float32)
+        eta = tl.load(ETA + off, mask=vm, other=0.)
+        g = tl.load(G + off, mask=vm, other=0.)
+        do = tl.load(DO + off, mask=vm, other=0.).to(tl.float32)
+        u = tl.cumsum(g, 0)
+        if READ_AFTER:
+            ur = u
+        else:
+            ur = u - g
+        D = tl.exp(tl.minimum(ur[:, None, :] - u[None, :, :], 0.))
+        DU3 = D * (v * eta)[None, :, :] * do[:, None, :]          # [i, s, c]
+        M += tl.sum(DU3, 2)
+        Z3 = P[:, :, None] * DU3
+        du_intra = tl.sum(P[:, :, None] * D * do[:, None, :], 0)  # Σ_i
+        tl.store(DU + off, tl.load(DU + off, mask=vm, other=0.) + du_intra, mask=vm)
+        tl.store(DGR + off, tl.sum(Z3, 1), mask=vm)
+        tl.store(DGU + off, -tl.sum(Z3, 0), mask=vm)
+    tl.debug_barrier()
+    M = tl.where(causal, M, 0.)
+    dq = tl.zeros([C, BK], dtype=tl.float32)
+    dxs = tl.zeros([C, BK], dtype=tl.float32)
+    hbase = (bh.to(tl.int64) * NT + n) * K * V
+    # pass 2: inter-chunk terms by value blocks, and the per-column η, v, log γ gradients
+    for vb in range(0, tl.cdiv(V, BV)):
+        cv = vb * BV + tl.arange(0, BV)
+        vmask = cv < V
+        vm = rmask[:, None] & vmask[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        soff = ck[:, None] * V + cv[None, :]
+        S = tl.load(HS + hbase + soff, mask=kmask[:, None] & vmask[None, :], other=0.)
+        dH = tl.load(DHS + hbase + soff, mask=kmask[:, None] & vmask[None, :], other=0.)
+        v = tl.load(VV + off, mask=vm, other=0.).to(tl.float32)
+        eta = tl.load(ETA + off, mask=vm, other=0.)
+        g = tl.load(G + off, mask=vm, other=0.)
+        do = tl.load(DO + off, mask=vm, other=0.).to(tl.float32)
+        dU = tl.load(DU + off, mask=vm, other=0.)
+        u = tl.cumsum(g, 0)
+        uC = tl.sum(g, 0)
+        if READ_AFTER:
+            ur = u
+        else:
+            ur = u - g
+        eC = tl.exp(tl.minimum(uC[None, :] - u, 0.))
+        U = v * eta
+        qS = tl.dot(q, S.to(dt), input_precision=PREC)
+        d_ur = tl.load(DGR + off, mask=vm, other=0.) + tl.exp(ur) * do * qS
+        Y = eC * tl.dot(x, dH.to(dt), input_precision=PREC) * U
+        d_uC = tl.exp(uC) * tl.sum(dH * S, 0) + tl.sum(Y, 0)
+        d_u = tl.load(DGU + off, mask=vm, other=0.) - Y + d_ur
+        d_u += tl.where(i[:, None] == C - 1, d_uC[None, :], 0.)
+        dg = tl.cumsum(d_u, 0, reverse=True)
+        if not READ_AFTER:
+            dg -= d_ur
+        tl.store(DG + off, dg, mask=vm)
+        tl.store(DETA + off, dU * v, mask=vm)
+        tl.store(DV + off, (dU * eta).to(DV.dtype.element_ty), mask=vm)
+        dq += tl.dot((do * tl.exp(ur)).to(dt), tl.trans(S.to(dt)), input_precision=PREC)
+        dxs += tl.dot((U * eC).to(dt), tl.trans(dH.to(dt)), input_precision=PREC)
+    Md = M.to(dt)
+    dq += tl.dot(Md, x, input_precision=PREC)
+    dx = dxs + tl.trans(tl.dot(tl.trans(q), Md, input_precision=PREC))
+    tl.store(DQ + tok[:, None] * K + ck[None, :], dq.to(DQ.dtype.element_ty), mask=km)
+    tl.store(DX + tok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
+
+
+class ChunkFalconPerColumnLinear(torch.autograd.Function):
+    """Falcon-2A core (per-column γ, η; linear; window 1): Triton forward and backward."""
+
+    @staticmethod
+    def forward(ctx, q, x, v, eta, g, S0, read_after, C, allow_tf32):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        NT = triton.cdiv(T, C)
+        BK, BVs, BVo, BVm, wm = _cfg(K, V)
+        dev = q.device
+        prec = _prec(q.dtype, allow_tf32, dev)
+        st = _stages(q.dtype)
+        f32 = torch.float32
+        HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
+        ST = _empty((B, H, K, V), f32, dev)
+        _pc_fwd_state[(triton.cdiv(V, BVs), B * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, ST, T, NT,
+                                                     H, K, V, C, BK, BVs, S0 is not None, prec, **st)
+        OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        _pc_fwd_inter[(triton.cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
+                                                        prec, **st)
+        O = _empty((B, T, H, V), q.dtype, dev)
+        _pc_fwd_intra[(NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec,
+                                   num_warps=8, **st)
+        ctx.save_for_backward(q, x, v, eta, g, HS)
+        ctx.cfg = (read_after, C, allow_tf32, S0 is not None)
+        return O, ST
+
+    @staticmethod
+    def backward(ctx, dO, dST):
+        q, x, v, eta, g, HS = ctx.saved_tensors
+        read_after, C, allow_tf32, has_s0 = ctx.cfg
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        NT = triton.cdiv(T, C)
+        BK, BVs, BVo, BVm, wm = _cfg(K, V)
+        dev = q.device
+        prec = _prec(q.dtype, allow_tf32, dev)
+        st = _stages(q.dtype)
+        f32 = torch.float32
+        if dO is None:
+            dO = torch.zeros(B, T, H, V, dtype=q.dtype, device=dev)
+        dO = dO.contiguous()
+        dST = dST.contiguous().float() if dST is not None else None
+        need_ds0 = has_s0 and ctx.needs_input_grad[5]
+        DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
+        DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
+        _pc_bwd_state[(triton.cdiv(V, BVs), B * H)](
+            q, x, g, dO, dST if dST is not None else eta, DHS, DU, DS0 if DS0 is not None else eta, T, NT, H, K,
+            V, C, BK, BVs, read_after, dST is not None, need_ds0, prec, **st)
+        DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        DGU = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        dq = _empty(q.shape, q.dtype, dev)
+        dx = _empty(x.shape, x.dtype, dev)
+        dv = _empty(v.shape, v.dtype, dev)
+        deta = _empty(eta.shape, eta.dtype, dev)
+        dg = _empty(g.shape, g.dtype, dev)
+        _pc_bwd_main[(NT, B * H)](q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K,
+                                  V, C, BK, BVm, SB, read_after, prec, num_warps=8, **st)
+        return dq, dx, dv, deta, dg, DS0, None, None, None
