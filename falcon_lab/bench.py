@@ -22,6 +22,7 @@ def main(argv=None):
     c.add_argument("--out", default="benchmarks/results")
     c.add_argument("--quick", action="store_true")
     c.add_argument("--final", action="store_true")
+    c.add_argument("--variants", default=None, help="comma-separated subset, e.g. 3,2A")
     a = ap.parse_args(argv)
     import torch
 
@@ -38,7 +39,8 @@ def main(argv=None):
     else:
         from falcon_lab.benchmarking.gpu_check import main as check
 
-        sys.exit(1 if check(["--out", a.out] + (["--quick"] if a.quick else []) + (["--final"] if a.final else [])) else 0)
+        sys.exit(1 if check(["--out", a.out] + (["--quick"] if a.quick else []) + (["--final"] if a.final else [])
+                           + (["--variants", a.variants] if a.variants else [])) else 0)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ def check_core(*, variant, B, T, H, K, V, C, dtype, read_after=True, strong=Fals
 
     delta = variant in ("1", "3")
     W = 4 if variant in ("3", "3A") else 1
-    q, xw, vw, eta, g, S0 = make_core_inputs(B, T, H, K, V, W, strong=strong, seed=seed, device=dev)
+    q, xw, vw, eta, g, S0 = make_core_inputs(B, T, H, K, V, W, strong=strong, seed=seed, device=dev,
+                                             per_col=variant in ("2", "2A"))
     dt = getattr(torch, dtype)
     q, xw, vw = (t.to(dt).double() for t in (q, xw, vw))  # the reference sees the rounded inputs
     eta, g, S0 = (t.float().double() for t in (eta, g, S0))
@@ -148,6 +149,7 @@ def main(argv=None):
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--quick", action="store_true", help="a few configurations only")
     ap.add_argument("--final", action="store_true", help="the shortest list (one device call)")
+    ap.add_argument("--variants", default="1,1A,3A,2,2A,3", help="comma-separated subset, e.g. 3,2A")
     args = ap.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     from falcon_lab.kernels.triton import supports
@@ -175,7 +177,8 @@ def main(argv=None):
                 dict(variant="1", B=1, T=640, H=2, K=64, V=64, C=64, dtype="float32", strong=True),
                 dict(variant="1A", B=2, T=1000, H=2, K=64, V=64, C=32, dtype="bfloat16"),
                 dict(variant="3A", B=2, T=1000, H=2, K=64, V=64, C=64, dtype="bfloat16")]
-    for variant in (() if args.final else ("1", "1A", "3A", "2", "2A", "3")):
+    only = [v.strip() for v in args.variants.split(",")]
+    for variant in (() if args.final else only):
         for dtype in ("bfloat16", "float32"):
             cfgs.append(dict(variant=variant, B=1, T=8192, H=2, K=128, V=128, C=64, dtype=dtype))
             for K in (16, 64, 128):
@@ -205,7 +208,7 @@ def main(argv=None):
         write()
         print(f"[{time.time() - t0:6.1f}s] {row['status']:5s} {c} {row.get('errors', '')}", flush=True)
     api_cfgs = [("1", "bfloat16"), ("3A", "float32")] if args.final else \
-        [(v, d) for v in ("1", "1A", "3A", "2", "2A", "3") for d in ("bfloat16", "float32")]
+        [(v, d) for v in only for d in ("bfloat16", "float32")]
     for variant, dtype in api_cfgs:
         if True:
             row = dict(kind="api-varlen-continuation", variant=variant, dtype=dtype, K=64)
@@ -221,7 +224,7 @@ def main(argv=None):
             rows.append(row)
             write()
             print(f"[{time.time() - t0:6.1f}s] {row['status'][:5]:5s} api {variant} {dtype} {row.get('errors', '')}", flush=True)
-    for variant in (("1", "2A", "3") if args.final else ("1", "1A", "3A", "2", "2A", "3")):
+    for variant in (("1", "2A", "3") if args.final else only):
         row = dict(kind="decode-cuda-graph", variant=variant, dtype="float32", K=64)
         try:
             res = check_decode_graph(variant=variant)
