@@ -63,6 +63,8 @@ def test_hydra_flags_and_user_experiment_folder(tmp_path):
     out = _fit(["--cfg", "job", f"hydra.searchpath=[file://{tmp_path / 'mine'}]", "experiment=my_exp"], tmp_path)
     assert "name: retnet" in out and "experiment_name: from_user_folder" in out
     assert not (tmp_path / "mlruns").exists()  # --cfg computes nothing
+    helptext = _fit(["--help"], tmp_path)
+    assert "experiment=ablate_window" in helptext and "mixer: attention, deltanet, falcon" in helptext
 
 
 @pytest.mark.slow
