@@ -39,6 +39,23 @@ def _gate_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
+def operator_backend_label(backend, q: torch.Tensor, variant: str, window: int | None) -> str:
+    """Which core chunk_falcon will run ("triton" or "torch"), mirroring the operator's dispatch:
+    backend=None takes Triton on CUDA only where a Triton path exists for the configuration."""
+    if backend == "torch" or not (q.is_cuda or backend == "triton"):
+        return "torch"
+    try:
+        from falcon_lab.kernels import triton as tk
+        from falcon_lab.kernels.prep import VARIANTS, effective_window
+
+        delta, per_column, _ = VARIANTS[variant]
+        ok = tk.supports(per_column=per_column, delta=delta, window=effective_window(variant, window or 1),
+                         T=q.shape[1], grad=torch.is_grad_enabled(), device_type=q.device.type)
+    except Exception:  # no Triton build: the operator falls back to torch (or raises for backend="triton")
+        return "torch"
+    return "triton" if ok else "torch"
+
+
 def positions_in_sequence(cu_seqlens: torch.Tensor, total: int, device) -> torch.Tensor:
     """[total] position of each flattened token inside its sequence (0 at each start)."""
     idx = torch.arange(total, device=device)

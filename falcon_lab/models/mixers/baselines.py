@@ -24,6 +24,7 @@ from falcon_lab.kernels import chunk_falcon, recurrent_falcon
 from falcon_lab.models.mixers.base import (
     Mixer,
     _gate_dtype,
+    operator_backend_label,
     RMSNorm,
     ShortConv,
     flatten_for_varlen,
@@ -98,7 +99,7 @@ class _OperatorMixer(Mixer):
             else:
                 o, op_state = chunk_falcon(q2, k2, v2, eta.to(_gate_dtype(q2)), lam.to(_gate_dtype(q2)), cu_seqlens=cu_seqlens,
                                            chunk_size=self.chunk_size, backend=self.backend, **kw)
-                self.backend_used = "falcon-" + (self.backend or ("triton" if q.is_cuda else "torch"))
+                self.backend_used = "falcon-" + operator_backend_label(self.backend, q2, self.variant, None)
         elif self.core == "fla_naive":
             if cu_seqlens is not None:
                 raise ValueError("mixer.core=fla_naive does not support cu_seqlens")

@@ -27,6 +27,7 @@ from falcon_lab.kernels import chunk_falcon, recurrent_falcon
 from falcon_lab.models.mixers.base import (
     Mixer,
     _gate_dtype,
+    operator_backend_label,
     RMSNorm,
     ShortConv,
     flatten_for_varlen,
@@ -232,7 +233,7 @@ class FalconMixer(Mixer):
         else:
             o, op_state = chunk_falcon(q, k, v, beta.to(_gate_dtype(q)), lam.to(_gate_dtype(q)), cu_seqlens=cu_seqlens,
                                        chunk_size=self.chunk_size, backend=self.backend, **kw)
-            self.backend_used = self.backend or ("triton" if q.is_cuda else "torch")
+            self.backend_used = operator_backend_label(self.backend, q, self.variant, self.window)
         if self.o_norm is not None:
             o = self.o_norm(o)
         o = o.reshape(B, T, H * dv)
