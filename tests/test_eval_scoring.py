@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from falcon_lab.data.tasks.addition import AdditionTask, format_example
+from falcon_lab.data.tasks.addition import AdditionTask
 from falcon_lab.data.tasks.mqar import MQARSpec, make_mqar
 from falcon_lab.evaluation.addition import evaluate_addition, example_tokens, score_examples
 from falcon_lab.evaluation.common import greedy_generate, score_continuations

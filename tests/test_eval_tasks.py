@@ -1,7 +1,6 @@
 """Task generators: addition answers are right at every width and format, held-out validation pairs
 never reach training, MQAR answers are recoverable by construction, passkey prompts fit."""
 import pytest
-import torch
 
 from falcon_lab.data.tasks.addition import FORMATS, AdditionTask, format_example, parse_answer
 from falcon_lab.data.tasks.mqar import MQARSpec, make_mqar, recover_answers
