@@ -195,3 +195,27 @@ def test_addition_experiment_rows_compose():
             assert cfg.data.name == "addition" and cfg.addition_eval.every_n_steps >= 1
     cfg = compose(["experiment=addition"] + mod.ROWS["falcon_3a_3"])
     assert cfg.mixer.variant == "3A" and cfg.mixer.preset == ".3"
+
+
+def test_evaluate_finds_run_by_run_dir_or_creates_one(trained, tmp_path):
+    """Without the run id recorded in the checkpoint, the run is found through its run_dir tag; a
+    checkpoint outside any run dir gets a new run tagged with its path."""
+    from mlflow.tracking import MlflowClient
+
+    from falcon_lab.evaluation.runner import compose_eval, evaluate
+    tmp, uri, res = trained
+    ck = torch.load(res["last_ckpt_path"], map_location="cpu", weights_only=False)
+    ck.pop("falcon_lab", None)
+    bare = Path(res["last_ckpt_path"]).parent / "bare.ckpt"
+    torch.save(ck, bare)
+    small = ["suites=[mqar]", "mqar.grid=[[2,16]]", "mqar.n_examples=2", "device=cpu"]
+    out = evaluate(compose_eval([f"ckpt={bare}"] + small))
+    assert out["run_id"] == res["run_id"]
+    elsewhere = tmp_path / "moved.ckpt"
+    torch.save(ck, elsewhere)
+    out = evaluate(compose_eval([f"ckpt={elsewhere}", "mlflow.experiment_name=e2e_eval_moved"] + small))
+    assert out["run_id"] != res["run_id"]
+    run = MlflowClient(uri).get_run(out["run_id"])
+    assert run.data.tags["eval.source_ckpt"] == str(elsewhere.resolve())
+    assert run.data.tags.get("mixer") == "falcon" and run.info.status == "FINISHED"
+    assert "mqar/acc_mean" in run.data.metrics

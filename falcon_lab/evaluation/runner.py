@@ -1,8 +1,9 @@
 """The evaluation driver behind ``python -m falcon_lab.evaluate``: load a checkpoint, run the
 requested suites, write JSON + PNG per suite, log metrics and artifacts to MLflow, print tables.
 
-The MLflow run: ``mlflow.run_id`` if given; else the checkpoint's training run, found by the
-``run_dir`` tag that training sets (the checkpoint lives in ``<run_dir>/checkpoints/``); else a new
+The MLflow run: ``mlflow.run_id`` if given; else the checkpoint's training run (recorded in the
+checkpoint by training, or found by the ``run_dir`` tag training sets: the checkpoint lives in
+``<run_dir>/checkpoints/``); else a new
 run in ``mlflow.experiment_name`` (default: the checkpoint's experiment, else ``falcon_lab_eval``),
 tagged ``eval.source_ckpt`` and with the checkpoint's mixer/variant tags so compare lines it up.
 """
@@ -48,6 +49,15 @@ def sanitize_metric(k: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # MLflow
 # ---------------------------------------------------------------------------------------------
+def _ckpt_meta(path) -> dict:
+    try:
+        ck = torch.load(str(path), map_location="cpu", weights_only=False, mmap=True)
+    except Exception:
+        return {}
+    meta = ck.get("falcon_lab") if isinstance(ck, dict) else None
+    return dict(meta) if isinstance(meta, dict) else {}
+
+
 class MlflowSink:
     def __init__(self, ecfg, train_cfg, ckpt_path: str):
         import mlflow
@@ -55,13 +65,20 @@ class MlflowSink:
 
         from falcon_lab.training.mlflow import resolve_artifact_location, resolve_tracking_uri
         m = ecfg.mlflow
-        uri = m.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or \
+        meta = _ckpt_meta(ckpt_path)  # {"mlflow_run_id", "tracking_uri"} recorded by training
+        uri = m.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or meta.get("tracking_uri") or \
             resolve_tracking_uri(train_cfg.get("logger") if train_cfg is not None else None)
         self.uri = uri
         mlflow.set_tracking_uri(uri)
         self.client = MlflowClient(tracking_uri=uri)
         self.created = False
         run_id = m.get("run_id")
+        if run_id is None and meta.get("mlflow_run_id") and meta.get("tracking_uri") == uri:
+            try:
+                self.client.get_run(meta["mlflow_run_id"])
+                run_id = meta["mlflow_run_id"]
+            except Exception:  # deleted, or not in this store
+                run_id = None
         if run_id is None:
             run_id = self._find_training_run(ckpt_path)
         if run_id is None:
