@@ -17,7 +17,7 @@ BASE_COLUMNS = [
     ("val loss (best)", "best:val/loss", "{:.4f}", True),
     ("val ppl (best)", "bestppl:val/loss", "{:.2f}", True),
     ("shuffle gap", "val/shuffle_gap", "{:.3f}", False),
-    ("tokens/s", "mean:train/tokens_per_s", "{:,.0f}", False),
+    ("tokens/s", "median:train/tokens_per_s", "{:,.0f}", False),  # median over logged steps (ours)
     ("MFU", "train/mfu", "{:.3f}", False),
 ]
 EVAL_PREFIXES = [  # evaluation metrics, in this order (matched by prefix / suffix)
@@ -72,8 +72,9 @@ def _value(client, run, key):
             return min(vals)
         if how == "bestppl":
             return math.exp(min(vals)) if min(vals) < 700 else float("inf")
-        if how == "mean":
-            return sum(vals) / len(vals)
+        if how == "median":
+            v = sorted(vals)
+            return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
         raise ValueError(key)
     return run.data.metrics.get(key)
 

@@ -96,11 +96,18 @@ def test_evaluate_rejects_bad_config(trained):
 
 def test_compare_gathers_experiment(trained):
     from falcon_lab.compare import compare
+    from falcon_lab.evaluation.runner import compose_eval, evaluate
     tmp, uri, res = trained
+    evaluate(compose_eval([f"ckpt={res['last_ckpt_path']}", "suites=[mqar]", "mqar.grid=[[2,16]]",
+                           "mqar.n_examples=2", "device=cpu"]))
     out = compare(experiment_name="e2e_eval", tracking_uri=uri, out_dir=str(tmp / "cmp"))
     md = Path(out["markdown"]).read_text()
     assert res["run_id"][:8] in md
-    assert "val/loss" in md or "val ppl" in md
+    assert {"val loss (best)", "val ppl (best)", "tokens/s", "mqar/acc_mean"} <= set(out["columns"])
+    row = next(r for r in out["rows"] if r["run_id"] == res["run_id"])
+    vals = dict(zip(out["columns"], row["vals"]))
+    assert vals["tokens/s"] > 0 and vals["val ppl (best)"] == pytest.approx(math.exp(vals["val loss (best)"]))
+    assert row["state"] and row["params"]
     assert all(Path(p).is_file() for p in out["plots"])
     with pytest.raises(ValueError, match="experiment"):
         compare(experiment_name="no_such_experiment", tracking_uri=uri, out_dir=str(tmp / "cmp2"))
