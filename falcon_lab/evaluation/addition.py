@@ -39,11 +39,13 @@ class WidthScore:
 
 def score_examples(model, tokenizer, examples_by_width: dict[int, list[AdditionExample]], *,
                    eos_in_answer: bool = True, free_running: bool = False, batch_size: int = 32,
-                   held_out: dict[int, bool] | None = None) -> dict[int, WidthScore]:
+                   held_out: dict[int, bool] | None = None, progress: bool = False,
+                   desc: str = "addition") -> dict[int, WidthScore]:
     tok = as_tokenizer(tokenizer)
     flat = [(n, ex) for n, exs in sorted(examples_by_width.items()) for ex in exs]
     pairs = [example_tokens(tok, ex, eos_in_answer) for _, ex in flat]
-    scores = score_continuations(model, pairs, batch_size=batch_size, pad_id=tok.pad_id)
+    scores = score_continuations(model, pairs, batch_size=batch_size, pad_id=tok.pad_id, progress=progress,
+                                 desc=f"{desc} (teacher-forced)")
     free = None
     if free_running:
         gens = greedy_generate(model, [c for c, _ in pairs], max_new_tokens=max(len(a) for _, a in pairs),
@@ -125,7 +127,8 @@ class AdditionResult:
 
 def evaluate_addition(model, tokenizer, task: AdditionTask, *, n_examples: int = 100,
                       eos_in_answer: bool = True, free_running: bool = True, ood: bool = True,
-                      batch_size: int = 32, val_widths=None, ood_widths=None) -> AdditionResult:
+                      batch_size: int = 32, val_widths=None, ood_widths=None,
+                      progress: bool = False) -> AdditionResult:
     """ID validation on the held-out set fixed up front, and ``n_examples`` fresh examples per OOD
     width. ``val_widths`` / ``ood_widths`` restrict the widths (e.g. for quick checks)."""
     val = task.validation()
@@ -143,13 +146,13 @@ def evaluate_addition(model, tokenizer, task: AdditionTask, *, n_examples: int =
         model.eval()
     try:
         v = score_examples(model, tokenizer, val, eos_in_answer=eos_in_answer, free_running=free_running,
-                           batch_size=batch_size, held_out=held)
+                           batch_size=batch_size, held_out=held, progress=progress, desc="addition ID val")
         o = {}
         if ood:
             widths = ood_widths if ood_widths is not None else range(task.ood_widths[0], task.ood_widths[1] + 1)
             o = score_examples(model, tokenizer, {n: task.fresh(n, n_examples, "ood") for n in widths},
                                eos_in_answer=eos_in_answer, free_running=free_running,
-                               batch_size=batch_size)
+                               batch_size=batch_size, progress=progress, desc="addition OOD")
     finally:
         if was_training and hasattr(model, "train"):
             model.train()

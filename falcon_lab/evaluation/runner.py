@@ -289,7 +289,7 @@ def run_addition(model, tok, train_cfg, ecfg, out: Path):
     r = evaluate_addition(model, tok, task, n_examples=int(a.n_examples), eos_in_answer=eos,
                           free_running=bool(a.free_running), ood=bool(a.ood), batch_size=int(ecfg.batch_size),
                           ood_widths=list(a.widths) if a.get("widths") else None,
-                          val_widths=list(a.val_widths) if a.get("val_widths") else None)
+                          val_widths=list(a.val_widths) if a.get("val_widths") else None, progress=True)
     r.notes += notes
     png = plot_addition(r, str(out / "addition_accuracy_vs_width.png"))
     tags = {"eval.addition_format": task.fmt}
