@@ -16,7 +16,8 @@ every result):
 
 - ``"variable"`` (Option C, the authors' variable_digit generator): each operand gets its own width
   U{1..n_max} and no leading zeros (width 1 includes 0), the sum at its natural width, bracketed and
-  all reversed.
+  all reversed. Evaluation sets at a width (OOD, :meth:`AdditionTask.fresh`) use exactly that many
+  digits for both operands (ours).
 
 Ours (not from the paper): the answer ends with the tokenizer's EOS token, which is scored like the
 digits (``eos_in_answer``; the authors' code also puts the loss on its end token); so teacher-forced
@@ -26,8 +27,8 @@ In-distribution validation pairs are drawn up front from their own seed and remo
 training stream (rejection). Ours: a width only holds pairs out when it has at least
 ``min_pairs_for_holdout`` operand pairs (default 10^5, so widths >= 3 with 10^6 pairs or more; see
 :meth:`AdditionTask.heldout_widths`), so that holding out changes the training distribution by a
-negligible fraction; smaller widths (1 and 2 by default) are validated on pairs the model may also have trained
-on, and every report marks them ``held_out: false``.
+negligible fraction; smaller widths (1 and 2 by default) are validated on pairs the model may also
+have trained on, and every report marks them ``held_out: false``.
 """
 from __future__ import annotations
 
@@ -85,9 +86,12 @@ def parse_answer(answer: str, fmt: str = "paper") -> int | None:
     return int(_rev(s))
 
 
-def sample_operands(rng: random.Random, width: int, fmt: str = "paper") -> tuple[int, int]:
+def sample_operands(rng: random.Random, width: int, fmt: str = "paper",
+                    exact: bool = False) -> tuple[int, int]:
+    """Operands of one example. ``variable``: each operand's width ~ U{1..width} (the authors'
+    training generator), or exactly ``width`` digits with ``exact`` (our evaluation at a width)."""
     if fmt == "variable":
-        wa, wb = rng.randint(1, width), rng.randint(1, width)
+        wa, wb = (width, width) if exact else (rng.randint(1, width), rng.randint(1, width))
 
         def draw(w):
             return rng.randrange(0, 10) if w == 1 else rng.randrange(10 ** (w - 1), 10 ** w)
@@ -186,12 +190,13 @@ class AdditionTask:
     # -- fresh evaluation sets ------------------------------------------------------------------
     def fresh(self, width: int, count: int = 100, tag: str = "ood") -> list[AdditionExample]:
         """``count`` fresh examples at ``width``, drawn independently (seeded by (seed, tag,
-        width)). At OOD widths training never produced such examples; at training widths they may
+        width)); in the ``variable`` format both operands have exactly ``width`` digits (ours: the
+        authors' generator only caps the width, which would make "width 48" mostly short numbers). At OOD widths training never produced such examples; at training widths they may
         coincide with training pairs (use :meth:`validation` for held-out pairs)."""
         rng = random.Random(f"addition-{tag}-{self.seed}-{self.fmt}-{width}")
         out = []
         while len(out) < count:
-            a, b = sample_operands(rng, width, self.fmt)
+            a, b = sample_operands(rng, width, self.fmt, exact=True)
             out.append(format_example(a, b, width, self.fmt))
         return out
 
