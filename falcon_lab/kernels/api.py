@@ -108,7 +108,8 @@ def _pick_core(backend, q, *, per_column, delta, window, grad):
                 raise NotImplementedError(f"backend='triton' is not available: {e}") from e
             tk = None
         if tk is not None:
-            ok = tk.supports(per_column=per_column, delta=delta, window=window, T=q.shape[1], grad=grad)
+            ok = tk.supports(per_column=per_column, delta=delta, window=window, T=q.shape[1], grad=grad,
+                             device_type=q.device.type)
             if ok:
                 return tk.core
             if backend == "triton":

@@ -7,13 +7,14 @@ What runs where (docs/kernels-triton.md):
     Triton backward (chunk.py);
   * scalar gates, window W > 1, linear (Falcon-3A): the sum of W shifted Falcon-1A scans, each one
     the same Triton kernels (W x the cost of Falcon-1A; a fused banded-mask kernel is not built);
-  * T = 1 without gradients (decoding), every variant: one fused kernel (decode.py);
+  * T = 1 without gradients (decoding): one fused kernel (decode.py); on CUDA used for Falcon-1 and
+    Falcon-2A, whose graph-replayed output was checked on the H200; the others decode through the
+    torch recurrence unless FALCON_TRITON_UNPROVEN=1 (Falcon-3's graph capture failed there);
   * scalar gates, window W > 1, delta (Falcon-3), W dividing 16: the same chunk kernels on the
     pseudo-token expansion (falcon-math.md §6.6: T·W pseudo-tokens, block-strict mask so every residual
-    of a step uses S_{t-1}). Tested under the interpreter only: on CUDA it is OFF unless
-    FALCON_TRITON_UNPROVEN=1 (it has not been run on the H200 yet);
+    of a step uses S_{t-1}). Proven on the H200 (W = 4, bf16 and fp32, fwd+bwd, through the op);
   * per-column gates, linear (Falcon-2A): percol.py, exact [C, C, 4]-column broadcast for the
-    intra-chunk decays; interpreter-tested only, OFF on CUDA unless FALCON_TRITON_UNPROVEN=1;
+    intra-chunk decays. Proven on the H200 (bf16 and fp32, fwd+bwd, through the op);
   * per-column gates with delta (Falcon-2): NOT implemented in Triton; `supports()` says False and
     `core` raises NotImplementedError (the api falls back to the torch chunk core).
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
@@ -51,18 +52,32 @@ def _unproven_enabled() -> bool:
     return os.environ.get("FALCON_TRITON_UNPROVEN", "0") == "1"
 
 
+# Configurations proven on the H200 (torch 2.11, Triton 3.6) against the float64 loop, forward and
+# backward, bf16 and fp32, NaN-poisoned outputs: benchmarks/results/triton_check_h200_final.md
+# (commit 9f41112). Keys: (per_column, delta, windowed).
+PROVEN_CHUNK = {(False, True, False), (False, False, False), (False, False, True), (False, True, True),
+                (True, False, False)}  # Falcon-1, 1A, 3A, 3 (window dividing 16), 2A
+# The fused decode step's graph-replayed output was checked for Falcon-1 and Falcon-2A only; the
+# Falcon-3 capture failed (cudaErrorStreamCaptureInvalidated) and 1A, 2, 3A were not reached.
+PROVEN_DECODE = {(False, True, False), (True, False, False)}
+
+
 def supports(*, per_column: bool, delta: bool, window: int, T: int = 2, grad: bool = True,
              device_type: str = "cuda") -> bool:
-    """Whether `core` has a Triton path for this configuration (on this device type)."""
-    if T == 1 and not grad:
-        return True
+    """Whether `core` has a Triton path for this configuration (on this device type). On CUDA only
+    configurations proven on the H200 are used unless FALCON_TRITON_UNPROVEN=1; the interpreter
+    (CPU, CI) runs every kernel that exists."""
     unproven_ok = device_type == "cpu" or interpreter_active() or _unproven_enabled()
-    if per_column:  # Falcon-2A only (Falcon-2's per-column solves are not built)
-        return not delta and window == 1 and unproven_ok
-    if window == 1 or not delta:
-        return True
-    # Falcon-3 by pseudo-token expansion: interpreter-tested, not yet proven on the H200
-    return 16 % window == 0 and unproven_ok
+    key = (per_column, delta, window > 1)
+    if T == 1 and not grad:
+        return key in PROVEN_DECODE or unproven_ok
+    if per_column and delta:  # Falcon-2's per-column solves are not built in Triton
+        return False
+    if per_column and window > 1:
+        return False
+    if delta and window > 1 and 16 % window:  # Falcon-3's pseudo-token tiles need W | 16
+        return False
+    return key in PROVEN_CHUNK or unproven_ok
 
 
 def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: int,
