@@ -121,7 +121,7 @@ def compare(experiment_name: str, tracking_uri: str | None = None, out_dir: str 
         state = r.data.metrics.get("mqar/state_numel") or r.data.tags.get("state_numel_per_seq")
         params = r.data.tags.get("params_total")
         vals = [_value(client, r, k) for _, k, _, _ in cols]
-        rows.append({"run": name, "run_id": r.info.run_id, "mixer": mix, "status": r.info.status,
+        rows.append({"run": name, "run_id": r.info.run_id, "mixer": mix, "status": r.info.status, "_client": client,
                      "params": int(params) if params and params.isdigit() else None,
                      "state": int(float(state)) if state not in (None, "None") else None, "vals": vals})
     used = [i for i in range(len(cols)) if any(row["vals"][i] is not None for row in rows)]
@@ -151,6 +151,20 @@ def compare(experiment_name: str, tracking_uri: str | None = None, out_dir: str 
     return {"markdown": str(md), "plots": plots, "rows": rows, "columns": [cols[i][0] for i in used]}
 
 
+def _artifact_json(client, run_id, path):
+    if client is None:
+        return None
+    import json
+    import tempfile
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            local = client.download_artifacts(run_id, path, d)
+            with open(local) as f:
+                return json.load(f)
+    except Exception:  # no such artifact
+        return None
+
+
 def _plots(rows, cols, used, out, exp):
     import matplotlib
     matplotlib.use("Agg")
@@ -171,6 +185,31 @@ def _plots(rows, cols, used, out, exp):
         ax.set_title(f"{exp}: {title}")
         fig.tight_layout()
         p = out / f"compare_{title.replace('/', '_').replace(' ', '_').replace('(', '').replace(')', '')}.png"
+        fig.savefig(p, dpi=120)
+        plt.close(fig)
+        plots.append(str(p))
+    # addition accuracy vs width, one curve per run that has an evaluate result
+    curves = []
+    for r in rows:
+        d = _artifact_json(r.get("_client"), r["run_id"], "eval/addition.json")
+        if d:
+            res = d.get("result", {})
+            pts = sorted((int(w), s["exact"]) for part in ("val", "ood") for w, s in res.get(part, {}).items())
+            if pts:
+                curves.append((f"{r['run']} {r['mixer']}", pts, max((int(w) for w in res.get("val", {})), default=None)))
+    if curves:
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        for lab, pts, last_train in curves:
+            ax.plot([w for w, _ in pts], [100 * v for _, v in pts], "o-", ms=2.5, label=lab)
+        if curves[0][2]:
+            ax.axvline(curves[0][2] + 0.5, color="gray", lw=0.8)
+        ax.set_xlabel("operand width (digits)")
+        ax.set_ylabel("exact match (%), teacher-forced")
+        ax.set_ylim(-2, 102)
+        ax.set_title(f"{exp}: addition accuracy vs width")
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        p = out / "compare_addition_vs_width.png"
         fig.savefig(p, dpi=120)
         plt.close(fig)
         plots.append(str(p))

@@ -98,8 +98,9 @@ def test_compare_gathers_experiment(trained):
     from falcon_lab.compare import compare
     from falcon_lab.evaluation.runner import compose_eval, evaluate
     tmp, uri, res = trained
-    evaluate(compose_eval([f"ckpt={res['last_ckpt_path']}", "suites=[mqar]", "mqar.grid=[[2,16]]",
-                           "mqar.n_examples=2", "device=cpu"]))
+    evaluate(compose_eval([f"ckpt={res['last_ckpt_path']}", "suites=[mqar,addition]", "mqar.grid=[[2,16]]",
+                           "mqar.n_examples=2", "addition.n_examples=2", "addition.widths=[33]",
+                           "addition.val_widths=[2]", "addition.free_running=false", "device=cpu"]))
     out = compare(experiment_name="e2e_eval", tracking_uri=uri, out_dir=str(tmp / "cmp"))
     md = Path(out["markdown"]).read_text()
     assert res["run_id"][:8] in md
@@ -109,6 +110,7 @@ def test_compare_gathers_experiment(trained):
     assert vals["tokens/s"] > 0 and vals["val ppl (best)"] == pytest.approx(math.exp(vals["val loss (best)"]))
     assert row["state"] and row["params"]
     assert all(Path(p).is_file() for p in out["plots"])
+    assert {"compare_addition_vs_width.png", "compare_mqar_vs_state.png"} <= {Path(p).name for p in out["plots"]}
     with pytest.raises(ValueError, match="experiment"):
         compare(experiment_name="no_such_experiment", tracking_uri=uri, out_dir=str(tmp / "cmp2"))
 
