@@ -45,3 +45,18 @@ def test_tokens_per_s_and_mfu_are_logged(tmp_path, monkeypatch):
 
     model = build_model(cfg.model, cfg.mixer, 320)
     assert tps > 0 and math.isclose(mfu, tps * 3 * model.flops_per_token(32) / 1e12, rel_tol=1e-4)
+
+
+def test_fused_adamw_with_bf16_mixed_and_clipping_trains(tmp_path):
+    """Lightning refuses gradient clipping with fused AdamW under bf16-mixed; the module clips itself
+    (this failed on the H200 with optim=paper). Run on CPU with the fused CPU AdamW."""
+    from falcon_lab.training import run
+    from falcon_lab.training.config import compose
+
+    cfg = compose(["model=tiny", "data=kjv", "trainer=cpu", "logger=none", "trainer.max_steps=3",
+                   "data.seq_len=32", "data.batch_size=2", "trainer.precision=bf16-mixed",
+                   "trainer.val_check_interval=3", "trainer.limit_val_batches=1", "checks.shuffle=false",
+                   "optim.fused=true", "+optim.fused_on_cpu=true", "optim.grad_clip=0.01",
+                   f"run_dir={tmp_path}"])
+    res = run(cfg)
+    assert res["steps"] == 3

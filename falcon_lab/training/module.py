@@ -144,12 +144,25 @@ class LitLM(L.LightningModule):
         ]
         groups = [g for g in groups if g["params"]]
         betas = tuple(float(b) for b in o.get("betas", (0.9, 0.95)))
-        fused = bool(o.get("fused", False)) and torch.cuda.is_available()
+        fused = bool(o.get("fused", False)) and (torch.cuda.is_available() or bool(o.get("fused_on_cpu", False)))
         opt = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=float(o.get("eps", 1e-8)), fused=fused)
         max_steps = int(self.trainer.max_steps) if self.trainer and self.trainer.max_steps > 0 else int(o.get("total_steps", 1000))
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lr_lambda(int(o.get("warmup_steps", 0)), max_steps, float(o.get("min_lr_ratio", 0.1))))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        """Lightning's mixed-precision plugin refuses to clip for optimizers that unscale gradients
+        inside their step (fused AdamW), even under bf16, which has no grad scaler. Without a scaler
+        the gradients are already true gradients, so clip their norm directly (found on the H200)."""
+        if not gradient_clip_val:
+            return
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if getattr(optimizer, "_step_supports_amp_scaling", False) and scaler is None:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), float(gradient_clip_val))
+        else:
+            self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                                gradient_clip_algorithm=gradient_clip_algorithm)
 
     def on_before_optimizer_step(self, optimizer):
         grads = [p.grad.detach().float().norm() for p in self.model.parameters() if p.grad is not None]
