@@ -143,3 +143,16 @@ def test_cu_seqlens_over_several_rows(mix):
         flat = x.reshape(1, 16)
         for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
             torch.testing.assert_close(out[:, a:b], m(flat[:, a:b]), rtol=1e-6, atol=1e-7)
+
+
+def test_preset_given_as_float_on_the_command_line_is_understood():
+    # `python -m falcon_lab.fit mixer.preset=.3` reaches the config as the float 0.3
+    from falcon_lab.training.config import compose
+    from falcon_lab.training.validate import validate_config
+
+    cfg = compose(["mixer=falcon", "mixer.variant=1", "mixer.preset=.3"])
+    assert cfg.mixer.preset == 0.3
+    validate_config(cfg)
+    from falcon_lab.models.mixers.falcon import FalconMixer
+    m = FalconMixer(32, 2, 16, variant="1", preset=0.3)
+    assert m.preset == ".3" and m.qk_norm == "rmsnorm" and m.gate == "ctx_eta"
