@@ -65,20 +65,12 @@ def normalize_preset(preset):
     return p
 
 
-def normalize_preset(preset):
-    """Hydra parses `mixer.preset=.3` on the command line as the float 0.3: read it as ".3"."""
-    if isinstance(preset, float) and abs(preset * 10 - round(preset * 10)) < 1e-9 and f".{round(preset * 10)}" in PRESETS:
-        return f".{round(preset * 10)}"
-    return preset
-
-
 def resolve_falcon_knobs(variant, preset, qk_norm, gate, lam, window):
     """Apply the preset to knobs left None; check values. Returns (qk_norm, gate, lam, window)."""
     variant = str(variant)
     preset = normalize_preset(preset)
     if variant not in VARIANTS:
         raise ValueError(f"mixer.variant: unknown Falcon variant {variant!r}; choose one of {VARIANTS}")
-    preset = normalize_preset(preset)
     if preset is not None and preset not in PRESETS:
         raise ValueError(f"mixer.preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)} or null")
     p = PRESETS.get(preset, {})
