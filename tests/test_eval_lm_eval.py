@@ -146,3 +146,18 @@ def test_suite_configs_and_means():
     assert "lm_eval/x/partial_mean_0shot_1_of_2" in r.metrics()
     with pytest.raises(ValueError, match="suite"):
         load_suite("no_such_suite")
+
+
+def test_paper8_tasks_exist_in_lm_eval_with_their_metrics():
+    """The paper's 8 task names and the metric we read from each are what the installed lm-eval
+    defines (catches renames across lm-eval versions; no datasets needed)."""
+    from lm_eval.tasks import TaskManager
+
+    from falcon_lab.evaluation.downstream import PAPER8
+    tm = TaskManager()
+    for task, metric in PAPER8["tasks"].items():
+        entry = tm.task_index[task]
+        cfg = dict(entry.cfg)
+        metrics = {m["metric"] for m in cfg.get("metric_list", [])}
+        assert metric in metrics, (task, metric, metrics)
+        assert cfg["output_type"] == "multiple_choice"
