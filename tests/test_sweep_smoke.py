@@ -133,26 +133,33 @@ def test_sigkill_mid_trial_resumes_from_checkpoint(in_tmp):
     tmp_path = in_tmp
     space = tmp_path / "killme.yaml"
     space.write_text(yaml.safe_dump({
-        "metric": "val/loss", "direction": "minimize", "n_trials": 3,
+        "metric": "val/loss", "direction": "minimize", "n_trials": 2,
         "sampler": {"name": "random", "seed": 1}, "pruner": {"name": "nop"},
-        "overrides": ["debug=smoke", "trainer.max_steps=30", "trainer.val_check_interval=2"],
+        # batches large enough that the 50 steps after the first validation leave a wide window
+        # for the kill to land mid-training
+        "overrides": ["debug=smoke", "trainer.max_steps=60", "trainer.val_check_interval=10",
+                      "data.seq_len=128", "data.batch_size=16"],
         "parameters": {"optim.lr": {"type": "log", "low": 1e-3, "high": 1e-2}}}))
     cmd = [sys.executable, "-m", "falcon_lab.sweep", f"ablation={space}", "heartbeat=1", "grace=120",
            "logger.experiment_name=killme"]
     storage = f"sqlite:///{tmp_path}/sweeps/optuna.db"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
 
+    stor = None
+
     def checkpointed_second_trial():
+        nonlocal stor
         try:
-            s = optuna.load_study(study_name="killme", storage=storage)
+            if stor is None:
+                stor = optuna.storages.RDBStorage(storage)
+            ts = stor.get_all_trials(stor.get_study_id_from_name("killme"), deepcopy=False)
         except Exception:
             return None
-        ts = s.get_trials(deepcopy=False)
         if not any(t.state == TrialState.COMPLETE for t in ts):
             return None
         for t in ts:
             ck = tmp_path / "sweeps" / "killme" / "trials" / f"{t.number:04d}" / "checkpoints" / "last.ckpt"
-            if t.state == TrialState.RUNNING and len(t.intermediate_values) >= 2 and ck.exists():
+            if t.state == TrialState.RUNNING and t.intermediate_values and ck.exists():
                 return t.number
         return None
 
@@ -179,20 +186,26 @@ def test_sigkill_mid_trial_resumes_from_checkpoint(in_tmp):
     assert f"trial {k.number} was left RUNNING by a dead worker" in out.stdout
     assert f"resumes trial {k.number} from" in out.stdout
     after = optuna.load_study(study_name="killme", storage=storage).trials
-    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in after) == 3
+    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in after) == 2
     for n, (params, value, dt) in finished.items():  # finished trials were not redone
         assert (after[n].params, after[n].value, after[n].datetime_complete) == (params, value, dt)
-    assert out.stdout.count(" start: ") == 3 - len(finished)
+    assert out.stdout.count(" start: ") == 2 - len(finished)
     assert after[k.number].state == TrialState.FAIL
     assert after[k.number].user_attrs["fail_reason"].startswith("stale: worker pid")
     retry = [t for t in after if t.system_attrs.get(RETRY_ATTR) == k.number]
     assert len(retry) == 1 and retry[0].params == k.params and retry[0].state == TrialState.COMPLETE
     r = retry[0]
-    # carried-over values of the killed run, then the resumed run's own validations up to step 30
-    assert set(k.intermediate_values) <= set(r.intermediate_values) and max(r.intermediate_values) == 30
+    # carried-over values of the killed run, then the resumed run's own validations up to step 60
+    assert set(k.intermediate_values) <= set(r.intermediate_values) and max(r.intermediate_values) == 60
+    # MLflow: the resumed training continued the killed trial's run (its checkpoint names it),
+    # which now carries the retry's trial number; no run is left RUNNING
     client = _client(tmp_path)
-    runs = client.search_runs([client.get_experiment_by_name("killme").experiment_id],
-                              f"tags.`optuna.trial` = '{k.number}'")
-    assert [x.info.status for x in runs] == ["KILLED"]
-    resumed = client.get_metric_history(r.user_attrs["mlflow_run_id"], "val/loss")
-    assert min(m.step for m in resumed) > min(k.intermediate_values)  # it did not start over
+    exp = client.get_experiment_by_name("killme")
+    runs = client.search_runs([exp.experiment_id], "tags.`optuna.study` = 'killme'")
+    assert all(x.info.status in ("FINISHED", "KILLED") for x in runs)
+    resumed = client.get_run(r.user_attrs["mlflow_run_id"])
+    assert resumed.info.status == "FINISHED" and resumed.info.run_name == f"killme-t{r.number:03d}"
+    assert resumed.data.tags["optuna.trial"] == str(r.number)
+    assert resumed.data.tags["optuna.retry_of"] == str(k.number)
+    steps = [m.step for m in client.get_metric_history(resumed.info.run_id, "val/loss")]
+    assert len(steps) == len(set(steps)) == 6  # one point per validation: it did not start over

@@ -274,24 +274,37 @@ def _tracking(ctx: SweepContext, study, trial, params: dict) -> dict:
     return out
 
 
-def _take_over(ctx: SweepContext, study, trial, tracking: dict) -> None:
-    """A retry of a killed trial: end the killed child run in MLflow as KILLED and, when it
-    resumes from the killed trial's checkpoint, carry over the values that trial reported."""
+def _take_over(ctx: SweepContext, study, trial, tracking: dict) -> int | None:
+    """A retry of a killed trial that resumes from the killed trial's checkpoint carries over the
+    values that trial reported. Returns the killed trial's number."""
     prev_n = _sys_attrs(study, trial)[st.RETRY_FROM_ATTR]
     prev = study.trials[prev_n] if prev_n < len(study.trials) else None
     if prev is None:
-        return
+        return None
     if tracking.get("resume_ckpt"):
         log(f"trial {trial.number} resumes trial {prev_n} from {tracking['resume_ckpt']}")
         for step, value in sorted(prev.intermediate_values.items()):
             trial.report(value, step)
-    if ctx.tracking_uri:
-        try:
-            from .tracking import kill_stale_children
+    return prev_n
 
-            kill_stale_children(ctx.tracking_uri, ctx.experiment_name, ctx.study_name, prev_n)
-        except Exception as e:  # bookkeeping only
-            log(f"could not close the MLflow run of trial {prev_n}: {e}")
+
+def _close_mlflow(ctx: SweepContext, trial, prev_n: int | None, run_id: str | None,
+                  tags: dict) -> None:
+    """Tag the trial's child run with its outcome. For a retry: the training continues the killed
+    trial's MLflow run when it resumes from its checkpoint (then that run is re-tagged and renamed
+    as the retry's); any run of the killed trial still RUNNING is closed as KILLED."""
+    from .tracking import kill_stale_children, tag_child
+
+    try:
+        if prev_n is not None:
+            origin = tags.get("optuna.retry_of", prev_n)
+            kill_stale_children(ctx.tracking_uri, ctx.experiment_name, ctx.study_name,
+                                {prev_n, origin}, exclude=run_id)
+        if run_id:
+            tag_child(ctx.tracking_uri, run_id, tags,
+                      name=f"{ctx.study_name}-t{trial.number:03d}" if prev_n is not None else None)
+    except Exception as e:  # bookkeeping only
+        log(f"could not tag MLflow run {run_id}: {e}")
 
 
 def _readable_checkpoint(path: Path) -> bool:
@@ -323,8 +336,9 @@ def run_trial(ctx: SweepContext, space: SearchSpace, study, trial, runner=None) 
     tracking = _tracking(ctx, study, trial, params)
     t0 = time.time()
     log(f"trial {trial.number} start: " + " ".join(trial_overrides(params)))
+    prev_n = None
     if st.RETRY_FROM_ATTR in _sys_attrs(study, trial):
-        _take_over(ctx, study, trial, tracking)
+        prev_n = _take_over(ctx, study, trial, tracking)
     try:
         with st.Heartbeat(study, trial._trial_id, ctx.heartbeat):
             if ctx.launch == "subprocess":
@@ -375,14 +389,11 @@ def run_trial(ctx: SweepContext, space: SearchSpace, study, trial, runner=None) 
             state = "COMPLETE"
             log(f"trial {trial.number} COMPLETE {space.metric}={value:.6g} "
                 f"({time.time() - t0:.1f} s)")
-    if ctx.tracking_uri and run_id:
-        try:
-            from .tracking import tag_child
-
-            tag_child(ctx.tracking_uri, run_id, {"optuna.state": state,
-                                                 **({"optuna.value": value} if value is not None else {})})
-        except Exception as e:
-            log(f"could not tag MLflow run {run_id}: {e}")
+    if ctx.tracking_uri:
+        tags = {"optuna.state": state, "optuna.trial": str(trial.number),
+                **({"optuna.value": value} if value is not None else {}),
+                **{k: v for k, v in tracking["tags"].items() if k.startswith("optuna.retry")}}
+        _close_mlflow(ctx, trial, prev_n, run_id, tags)
     return state
 
 

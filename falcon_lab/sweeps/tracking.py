@@ -73,25 +73,31 @@ def open_parent(uri: str, experiment: str, study_name: str, run_id: str | None,
     return run.info.run_id
 
 
-def tag_child(uri: str, run_id: str | None, tags: dict[str, Any]) -> None:
+def tag_child(uri: str, run_id: str | None, tags: dict[str, Any], name: str | None = None) -> None:
     if not run_id:
         return
     from mlflow.entities import RunTag
 
     client = _client(uri)
     client.log_batch(run_id, tags=[RunTag(k, _short(v)) for k, v in tags.items()])
+    if name:
+        client.update_run(run_id, name=name)
 
 
-def kill_stale_children(uri: str, experiment: str, study_name: str, number: int) -> list[str]:
-    """Mark the still-RUNNING child run(s) of a killed trial as KILLED; returns their ids."""
+def kill_stale_children(uri: str, experiment: str, study_name: str, numbers,
+                        exclude: str | None = None) -> list[str]:
+    """Mark the still-RUNNING child run(s) of killed trials as KILLED; returns their ids."""
     client = _client(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return []
-    runs = client.search_runs(
-        [exp.experiment_id],
-        f"tags.`optuna.study` = '{study_name}' and tags.`optuna.trial` = '{number}' "
-        f"and attributes.status = 'RUNNING'")
+    runs = []
+    for number in sorted({int(n) for n in numbers}):
+        runs += client.search_runs(
+            [exp.experiment_id],
+            f"tags.`optuna.study` = '{study_name}' and tags.`optuna.trial` = '{number}' "
+            f"and attributes.status = 'RUNNING'")
+    runs = [r for r in runs if r.info.run_id != exclude]
     for r in runs:
         client.set_tag(r.info.run_id, "optuna.state", "FAIL")
         client.set_terminated(r.info.run_id, status="KILLED")
