@@ -492,6 +492,10 @@ def worker_loop(ctx: SweepContext, worker: int = 0, runner=None, max_trials: int
             continue
         run_trial(ctx, space, study, trial, runner=runner)
         mine += 1
+        c = st.counts(study)
+        log(f"progress: {c['COMPLETE'] + c['PRUNED']}/{ctx.n_trials} trials done "
+            f"({c['COMPLETE']} complete, {c['PRUNED']} pruned, {c['FAIL']} failed, "
+            f"{c['RUNNING']} running)")
     out = st.counts(study)
     if stopped:
         out["stopped"] = stopped
