@@ -378,8 +378,11 @@ def run_trial(ctx: SweepContext, space: SearchSpace, study, trial, runner=None) 
         carried = study._storage.get_trial(trial._trial_id).intermediate_values
         value = _best(list(carried.items()) + list(history), space.direction)
         if value is None:
-            msg = (f"metric {space.metric!r} was never logged at a validation; logged metrics: "
-                   f"{', '.join(out.get('available_metrics') or []) or 'none'}")
+            if history:
+                msg = f"metric {space.metric!r} was NaN at every validation (the run diverged)"
+            else:
+                msg = (f"metric {space.metric!r} was never logged at a validation; logged "
+                       f"metrics: {', '.join(out.get('available_metrics') or []) or 'none'}")
             trial.set_user_attr("error", msg)
             _tell(study, trial, state=TrialState.FAIL)
             state = "FAIL"
