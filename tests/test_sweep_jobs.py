@@ -72,6 +72,10 @@ def test_journal_storage_sweep_and_resume(in_tmp):
     ctx = driver.prepare(load_space(str(p)), [], **kw)               # and the sweep resumes
     assert driver.worker_loop(ctx)["COMPLETE"] == 2
     assert (in_tmp / "shared" / "optuna.journal").stat().st_size > 0
+    ctx = driver.prepare(load_space(str(p), n_trials=3), [], **kw)  # a bigger budget extends it
+    assert driver.worker_loop(ctx)["COMPLETE"] == 3
+    _, study = driver.load(ctx)
+    assert [t.number for t in study.trials] == [0, 1, 2]
 
 
 def test_storage_strings(tmp_path):
