@@ -112,9 +112,12 @@ def core_chunk(
             M = Dr @ band
             o_intra = ((qc @ xs.transpose(-1, -2)) * M) @ vs
             kv = xs.transpose(-1, -2) @ ((w_end @ band)[..., None] * vs)  # [B, H, N, K, V]
-            for n in range(N):
-                outs.append(o_intra[:, :, n] + decay_q[:, :, n] @ S)
-                S = u_last[:, :, n, None, None].exp() * S + kv[:, :, n]
+            # unbind once: indexing inside the loop would make autograd materialise a full-size
+            # zero gradient per chunk (quadratic in the number of chunks)
+            dec_last = u_last.exp()[..., None, None].unbind(2)
+            for o_n, dq_n, dl_n, kv_n in zip(o_intra.unbind(2), decay_q.unbind(2), dec_last, kv.unbind(2)):
+                outs.append(o_n + dq_n @ S)
+                S = dl_n * S + kv_n
         else:
             if W == 1:
                 Xp, Vp = xs, vs
@@ -128,10 +131,13 @@ def core_chunk(
             Um, Wm = sol[..., :V], sol[..., V:]
             Pm = (qc @ Xp.transpose(-1, -2)) * _rep(Dr, W, -1)  # [B, H, N, C, CW]
             Xw_end = Xp * _rep(w_end, W, -1)[..., None]
-            for n in range(N):
-                R = Um[:, :, n] - Wm[:, :, n] @ S
-                outs.append(decay_q[:, :, n] @ S + Pm[:, :, n] @ R)
-                S = u_last[:, :, n, None, None].exp() * S + Xw_end[:, :, n].transpose(-1, -2) @ R
+            dec_last = u_last.exp()[..., None, None].unbind(2)
+            XwT = Xw_end.transpose(-1, -2)
+            for U_n, W_n, dq_n, P_n, dl_n, X_n in zip(Um.unbind(2), Wm.unbind(2), decay_q.unbind(2),
+                                                      Pm.unbind(2), dec_last, XwT.unbind(2)):
+                R = U_n - W_n @ S
+                outs.append(dq_n @ S + P_n @ R)
+                S = dl_n * S + X_n @ R
         o = torch.stack(outs, dim=2)  # [B, H, N, C, V]
     o = o.reshape(Bsz, H, N * C, V)[:, :, :T].transpose(1, 2)
     return o.to(q.dtype), S
@@ -141,7 +147,6 @@ def _per_column(qc, xs, vs, ec, u, u_prev, u_read, m_read, m_strict, S, delta):
     """Falcon-2 / 2A: one decay and step per value column. The per-column decay masks are
     [C, C, V] per chunk (the C x C systems cannot share an inverse, falcon-math.md §6.5), so the
     caller tiles time by at most 16 steps; all state-independent work is batched over chunks."""
-    N = qc.shape[2]
     A = qc @ xs.transpose(-1, -2)  # [B,H,N,C,C]
     Dr = _masked_exp(u_read[..., :, None, :] - u[..., None, :, :], m_read[..., None])  # [B,H,N,C,C,V]
     AD = A[..., None] * Dr * ec[..., None, :, :]  # read-out weights, per column
@@ -152,19 +157,21 @@ def _per_column(qc, xs, vs, ec, u, u_prev, u_read, m_read, m_strict, S, delta):
     if not delta:
         o_intra = (AD * vs[..., None, :, :]).sum(-2)
         kv = xs.transpose(-1, -2) @ (w_end * vs)  # [B,H,N,K,V]
-        for n in range(N):
-            outs.append(o_intra[:, :, n] + q_dec[:, :, n] * (qc[:, :, n] @ S))
-            S = decay_last[:, :, n] * S + kv[:, :, n]
+        for o_n, qd_n, q_n, dl_n, kv_n in zip(o_intra.unbind(2), q_dec.unbind(2), qc.unbind(2),
+                                              decay_last.unbind(2), kv.unbind(2)):
+            outs.append(o_n + qd_n * (q_n @ S))
+            S = dl_n * S + kv_n
     else:
         G = xs @ xs.transpose(-1, -2)
         Ds = _masked_exp(u_prev[..., :, None, :] - u[..., None, :, :], m_strict[..., None])
         Lc = (G[..., None] * Ds * ec[..., None, :, :]).permute(0, 1, 2, 5, 3, 4)  # [B,H,N,V,C,C]
         r_dec = u_prev.exp()
-        for n in range(N):
-            xn = xs[:, :, n]
-            rhs = (vs[:, :, n] - r_dec[:, :, n] * (xn @ S)).transpose(-1, -2)[..., None]  # [B,H,V,C,1]
-            R = torch.linalg.solve_triangular(Lc[:, :, n], rhs, upper=False, unitriangular=True)
+        for xn, vn, rd_n, L_n, qd_n, q_n, AD_n, dl_n, we_n in zip(
+                xs.unbind(2), vs.unbind(2), r_dec.unbind(2), Lc.unbind(2), q_dec.unbind(2), qc.unbind(2),
+                AD.unbind(2), decay_last.unbind(2), w_end.unbind(2)):
+            rhs = (vn - rd_n * (xn @ S)).transpose(-1, -2)[..., None]  # [B,H,V,C,1]
+            R = torch.linalg.solve_triangular(L_n, rhs, upper=False, unitriangular=True)
             R = R[..., 0].transpose(-1, -2)  # [B,H,C,V]
-            outs.append(q_dec[:, :, n] * (qc[:, :, n] @ S) + (AD[:, :, n] * R[:, :, None]).sum(-2))
-            S = decay_last[:, :, n] * S + xn.transpose(-1, -2) @ (w_end[:, :, n] * R)
+            outs.append(qd_n * (q_n @ S) + (AD_n * R[:, :, None]).sum(-2))
+            S = dl_n * S + xn.transpose(-1, -2) @ (we_n * R)
     return torch.stack(outs, dim=2), S

@@ -31,19 +31,22 @@ def core_recurrent(
     per_col = eta.dim() == 4
     S = S0.to(cd) if S0 is not None else q.new_zeros(Bsz, H, K, V, dtype=cd)
     qc, xc, vc = q.to(cd), xw.to(cd), vw.to(cd)
+    # Per-step views made once with unbind: slicing inside the loop would make autograd build a
+    # full-size zero gradient per step (a quadratic backward).
+    xs_t = xc.unfold(1, W, 1).permute(0, 1, 4, 2, 3).unbind(1)  # T x [B, W, H, K]: step t's pairs
+    vs_t = vc.unfold(1, W, 1).permute(0, 1, 4, 2, 3).unbind(1)
     outs = []
-    for t in range(T):
-        xs, vs = xc[:, t:t + W], vc[:, t:t + W]  # [B, W, H, *]: the window's pairs
+    for q_t, xs, vs, e_t, g_t in zip(qc.unbind(1), xs_t, vs_t, eta.unbind(1), g.unbind(1)):
         if delta:
             r = vs - torch.einsum("bwhk,bhkv->bwhv", xs, S)  # residuals at S_{t-1}
         else:
             r = vs
         upd = torch.einsum("bwhk,bwhv->bhkv", xs, r)
         if per_col:
-            S_new = S * g[:, t].exp()[:, :, None, :] + upd * eta[:, t][:, :, None, :]
+            S_new = S * g_t.exp()[:, :, None, :] + upd * e_t[:, :, None, :]
         else:
-            S_new = S * g[:, t].exp()[..., None, None] + upd * eta[:, t][..., None, None]
-        outs.append(torch.einsum("bhk,bhkv->bhv", qc[:, t], S_new if read_after else S))
+            S_new = S * g_t.exp()[..., None, None] + upd * e_t[..., None, None]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q_t, S_new if read_after else S))
         S = S_new
     o = torch.stack(outs, dim=1) if outs else q.new_zeros(Bsz, 0, H, V, dtype=cd)
     return o.to(q.dtype), S
