@@ -116,7 +116,7 @@ def test_max_failed_stops_a_hopeless_sweep(tmp_path, monkeypatch):
 
 
 def test_two_workers_share_one_sqlite_study(tmp_path):
-    path = _space(tmp_path, n_trials=4, overrides=["toy.steps=3", "toy.sleep=0.3"])
+    path = _space(tmp_path, n_trials=4, overrides=["toy.steps=3", "toy.sleep=1.0"])  # ~4 s a trial
     cmd = [sys.executable, "-m", "falcon_lab.sweep", f"ablation={path}", f"runner={RUNNER}",
            "workers=2"]
     out = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=400)
