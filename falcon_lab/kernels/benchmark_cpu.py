@@ -78,8 +78,11 @@ def main(argv=None):
     ap.add_argument("--chunk-size", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     ap.add_argument("--out", default="benchmarks/results/cpu_chunk_vs_recurrent.json")
     a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     rows = []
     print(f"CPU benchmark B={a.B} T={a.T} H={a.H} K=V={a.D} fp32, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, {_cpu_name()}", flush=True)
