@@ -36,10 +36,10 @@ def _masked_exp(diff: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def _chunks(t: torch.Tensor):
-    """Per-chunk views for the state pass: chunk-major and contiguous, made once. (Indexing inside
-    the loop would make autograd build a full-size zero gradient per chunk, and matmuls on strided
-    slices copy every iteration.)"""
-    return t.movedim(2, 0).contiguous().unbind(0)
+    """Per-chunk views [B, H, ...] for the state pass, made once with unbind (indexing inside the loop
+    would make autograd build a full-size zero gradient per chunk: a quadratic backward). Slices of a
+    contiguous [B, H, N, ...] tensor keep (B, H) collapsible, so batched matmuls do not copy them."""
+    return t.unbind(2)
 
 
 def _rep(t: torch.Tensor, W: int, dim: int) -> torch.Tensor:
@@ -155,7 +155,7 @@ def _per_column(qc, xs, vs, ec, u, u_prev, u_read, m_read, m_strict, S, delta):
     loop step is a few batched matmuls."""
     A = qc @ xs.transpose(-1, -2)  # [B,H,N,C,C]
     Dr = _masked_exp(u_read[..., :, None, :] - u[..., None, :, :], m_read[..., None])  # [B,H,N,C,C,V]
-    AD = (A[..., None] * Dr * ec[..., None, :, :]).permute(0, 1, 2, 5, 3, 4)  # [B,H,N,V,C(i),C(s)]
+    AD = (A[..., None] * Dr * ec[..., None, :, :]).permute(0, 1, 2, 5, 3, 4).contiguous()  # [B,H,N,V,C,C]
     w_end = (u[..., -1:, :] - u).exp() * ec  # [B,H,N,C,V]
     decay_last = u[..., -1, :].exp()[..., None, :]  # [B,H,N,1,V]
     q_dec = u_read.exp()  # [B,H,N,C,V]
@@ -170,7 +170,7 @@ def _per_column(qc, xs, vs, ec, u, u_prev, u_read, m_read, m_strict, S, delta):
         return o_intra + torch.stack(outs, dim=2), S
     G = xs @ xs.transpose(-1, -2)
     Ds = _masked_exp(u_prev[..., :, None, :] - u[..., None, :, :], m_strict[..., None])
-    Lc = (G[..., None] * Ds * ec[..., None, :, :]).permute(0, 1, 2, 5, 3, 4)  # [B,H,N,V,C,C]
+    Lc = (G[..., None] * Ds * ec[..., None, :, :]).permute(0, 1, 2, 5, 3, 4).contiguous()  # [B,H,N,V,C,C]
     r_dec = u_prev.exp()
     for x_n, v_n, rd_n, L_n, qd_n, q_n, AD_n, dl_n, we_n in zip(
             _chunks(xs), _chunks(vs), _chunks(r_dec), _chunks(Lc), _chunks(q_dec), _chunks(qc), _chunks(AD),
