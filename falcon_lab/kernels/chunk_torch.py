@@ -113,12 +113,15 @@ def core_chunk(
         decay_q = u_read.exp()[..., None] * qc
         outs = []
         if not delta:
-            s_idx = torch.arange(C, device=q.device)[:, None]
-            j_idx = torch.arange(P, device=q.device)[None, :]
-            band = ((j_idx >= s_idx) & (j_idx <= s_idx + W - 1)).to(cd)  # [C, P]: pairs of step s
-            M = Dr @ band
+            if W == 1:
+                M, m_end = Dr, w_end
+            else:
+                s_idx = torch.arange(C, device=q.device)[:, None]
+                j_idx = torch.arange(P, device=q.device)[None, :]
+                band = ((j_idx >= s_idx) & (j_idx <= s_idx + W - 1)).to(cd)  # [C, P]: pairs of step s
+                M, m_end = Dr @ band, w_end @ band
             o_intra = ((qc @ xs.transpose(-1, -2)) * M) @ vs
-            kv = xs.transpose(-1, -2) @ ((w_end @ band)[..., None] * vs)  # [B, H, N, K, V]
+            kv = xs.transpose(-1, -2) @ (m_end[..., None] * vs)  # [B, H, N, K, V]
             dec_last = u_last.exp()[..., None, None]
             for o_n, dq_n, dl_n, kv_n in zip(_chunks(o_intra), _chunks(decay_q), _chunks(dec_last), _chunks(kv)):
                 outs.append(o_n + dq_n @ S)
