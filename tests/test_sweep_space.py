@@ -174,3 +174,13 @@ def test_report_arms_table_averages_over_seeds(tmp_path):
     assert "COMPLETE" in format_table(study)
     md = write_report(study, tmp_path / "r").read_text()
     assert "## Arms (over seeds)" in md and (tmp_path / "r" / "param_importances.png").exists()
+
+
+@pytest.mark.parametrize("override", ["run_dir=/tmp/x", "ckpt_path=a.ckpt", "logger.run_id=abc"])
+def test_per_trial_keys_cannot_be_fixed(tmp_path, override):
+    from falcon_lab.sweeps.driver import prepare
+
+    s = load_space(_write(tmp_path, GOOD))
+    with pytest.raises(ValueError, match=f"{override}: a sweep sets"):
+        prepare(s, [override], storage=f"sqlite:///{tmp_path}/o.db",
+                runner="sweep_helpers:toy_runner", workdir=tmp_path, tracking=False)

@@ -91,6 +91,13 @@ def prepare(space: SearchSpace, fit_overrides: list[str], *, study_name: str | N
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     workdir = Path(workdir or os.getcwd()).resolve()
     study_name = study_name or space.name
+    for o in list(space.overrides) + list(fit_overrides):
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key in ("run_dir", "ckpt_path", "logger.run_id", "logger.parent_run_id"):
+            raise ValueError(
+                f"{o}: a sweep sets {key} per trial (trial folders under sweeps/<study>/trials/, "
+                f"retries resume from their checkpoints, child runs under the study's parent run); "
+                f"remove this override")
     run_fn = load_runner(runner)
     composer = getattr(run_fn, "compose", None)
     cfg = None
