@@ -52,7 +52,7 @@ def test_3A_is_a_sum_of_W_shifted_1A_scans(W):
 
 
 def test_falcon1_equals_fla_gated_delta_rule_under_the_exact_mapping():
-    naive = pytest.importorskip("fla.ops.gated_delta_rule.naive")
+    import fla.ops.gated_delta_rule.naive as naive  # fla-core is a dev dependency: fail, never skip
     q, k, v, beta, lam = make_inputs("1", T=40, K=8, V=8, lam_scale=0.5)
     o, st = chunk_falcon(q, k, v, beta, lam, variant="1", lam_mode="scaled", output_final_state=True)
     inp = prepare(k, v, beta, lam, variant="1", window=1, step="nlms", lam_mode="scaled", shift=True,
@@ -66,7 +66,7 @@ def test_falcon1_equals_fla_gated_delta_rule_under_the_exact_mapping():
 
 
 def test_falcon1A_equals_fla_simple_gla_under_the_exact_mapping():
-    naive = pytest.importorskip("fla.ops.simple_gla.naive")
+    import fla.ops.simple_gla.naive as naive
     q, k, v, beta, lam = make_inputs("1A", T=40, K=8, V=8, lam_scale=0.5)
     o, _ = chunk_falcon(q, k, v, beta, lam, variant="1A", lam_mode="scaled")
     inp = prepare(k, v, beta, lam, variant="1A", window=1, step="nlms", lam_mode="scaled", shift=True,
