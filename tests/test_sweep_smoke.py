@@ -151,7 +151,10 @@ def test_sigkill_mid_trial_resumes_from_checkpoint(in_tmp):
         nonlocal stor
         try:
             if stor is None:
-                stor = optuna.storages.RDBStorage(storage)
+                # a read-only observer: never create tables, or it races the sweep's own schema
+                # creation on the new SQLite file ("table study_directions already exists")
+                stor = optuna.storages.RDBStorage(storage, skip_compatibility_check=True,
+                                                  skip_table_creation=True)
             ts = stor.get_all_trials(stor.get_study_id_from_name("killme"), deepcopy=False)
         except Exception:
             return None
