@@ -1,6 +1,8 @@
 """`python -m falcon_lab.bench kernels [--profile] [--out DIR] [--ops a,b] [--quick]`: the kernel
 benchmark (falcon_lab/benchmarking/kernels.py; needs a CUDA GPU). `python -m falcon_lab.bench check`
-runs the GPU correctness check (falcon_lab/benchmarking/gpu_check.py)."""
+runs the GPU correctness check (falcon_lab/benchmarking/gpu_check.py). `python -m falcon_lab.bench model
+[--size tiny|small] [--mixers a,b] [--device cpu|cuda] [--quick] [--cuda-graphs] [--mlflow]`: whole-model
+training throughput, MFU, memory, prefill and decode latency (falcon_lab/benchmarking/model.py; runs on CPU too)."""
 
 from __future__ import annotations
 
@@ -23,8 +25,20 @@ def main(argv=None):
     c.add_argument("--quick", action="store_true")
     c.add_argument("--final", action="store_true")
     c.add_argument("--variants", default=None, help="comma-separated subset, e.g. 3,2A")
+    from falcon_lab.benchmarking.model import add_parser as add_model_parser
+
+    add_model_parser(sub)
     a = ap.parse_args(argv)
     import torch
+
+    if a.cmd == "model":
+        from falcon_lab.benchmarking.model import main as model_main
+
+        try:
+            model_main(a)
+        except ValueError as e:  # bad flag values: a clear message naming the flag
+            sys.exit(f"python -m falcon_lab.bench model: {e}")
+        return
 
     if not torch.cuda.is_available():
         sys.exit("falcon_lab.bench needs a CUDA GPU (the Triton kernels are checked on CPU by tests/test_triton_*.py)")

@@ -1,0 +1,635 @@
+"""Whole-model benchmark: `python -m falcon_lab.bench model`.
+
+For each mixer, the decoder is built through the platform's own config path (Hydra compose of the
+packaged `train` config + `falcon_lab.models.build_model`), then measured:
+
+- training: tokens/s of forward + backward + AdamW step (fused on CUDA) after warm-up, a fixed number of
+  tokens per step (batch = tokens_per_step // seq_len), median over timed steps; peak memory
+  (torch.cuda.max_memory_allocated, CUDA only); MFU = 3 * flops_per_token(seq_len) * tokens/s / peak, with
+  the dense bf16 peak of `falcon_lab.training.callbacks.device_peak_flops` (or `--peak-flops`);
+- decoding: prefill time of a context (median over repeats), then per-token latency of greedy
+  `model.step` after that context (median over N steps), eager or (`--cuda-graphs`) one decode step
+  captured in a CUDA graph; state / KV-cache bytes per sequence measured from the tensors the model
+  actually holds after prefill, with the analytic `state_numel(1, ctx)` recorded beside it.
+
+Every measurement is a row {"mixer", "variant", "preset", "seq_len", "batch", "metric", "value", "unit", ...};
+an OOM or any other error is recorded as a row with "error" and the run continues.
+Choices marked (ours) are not fixed by the issue or the paper.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+# name -> Hydra overrides of the packaged train config (the same groups `python -m falcon_lab.fit` uses)
+MIXERS: dict[str, list[str]] = {
+    **{f"falcon-{v}": ["mixer=falcon", f"mixer.variant={v}", "mixer.preset='.3'"]
+       + (["mixer.window=4"] if v in ("3", "3A") else []) for v in ("1", "2", "3", "1A", "2A", "3A")},
+    "transformer": ["mixer=attention"],
+    "deltanet": ["mixer=deltanet"],
+    "gated_deltanet": ["mixer=gated_deltanet"],
+    "mamba2": ["mixer=mamba2"],
+    "retnet": ["mixer=retnet"],
+}
+FLA_DELTANET = "fla_deltanet"  # fla's DeltaNetForCausalLM (needs fla + transformers + CUDA)
+DEFAULT_MIXERS = list(MIXERS) + [FLA_DELTANET]
+VOCAB = 50304  # ours: GPT-2's 50257 padded to a multiple of 64, as in the issue's anchors
+
+
+# ---------------------------------------------------------------------------------------------------
+def _commit() -> str:
+    from falcon_lab.training.mlflow import git_info
+
+    g = git_info()
+    return g["git_commit"] + ("-dirty" if g["git_dirty"] == "true" else "")
+
+
+def gpu_slug(device: torch.device) -> str:
+    """`h200` for "NVIDIA H200", `cpu` on CPU."""
+    if device.type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(device).lower().replace("nvidia", "").strip()
+    words = [w for w in "".join(c if c.isalnum() else " " for c in name).split()]
+    return "_".join(words[:2]) or "cuda"
+
+
+def parse_mixers(spec) -> list[str]:
+    names = DEFAULT_MIXERS if spec in (None, "", "all") else [s.strip() for s in str(spec).split(",") if s.strip()]
+    bad = [n for n in names if n not in MIXERS and n != FLA_DELTANET]
+    if bad:
+        raise ValueError(f"--mixers: unknown mixer(s) {bad}; choose from {DEFAULT_MIXERS}")
+    return names
+
+
+def build(name: str, size: str, vocab: int = VOCAB):
+    """(model, cfg) for a platform mixer, through compose() + build_model()."""
+    from falcon_lab.models import build_model
+    from falcon_lab.training.config import compose
+    from falcon_lab.training.module import mup_width_mult
+
+    cfg = compose([f"model={size}"] + MIXERS[name])
+    from omegaconf import OmegaConf
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    model = build_model(c["model"], c["mixer"], vocab, logit_scale=1.0 / mup_width_mult(c["model"], c["optim"]))
+    return model, cfg
+
+
+def build_fla_deltanet(size: str, vocab: int = VOCAB, device=None):
+    """fla's DeltaNetForCausalLM at the same width/depth/heads as the platform preset (ours: fla defaults
+    for everything else). Raises RuntimeError(reason) where it cannot run."""
+    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
+        raise RuntimeError("not run: fla's DeltaNetForCausalLM needs CUDA (Triton kernels)")
+    try:
+        import transformers  # noqa: F401
+        from fla.models import DeltaNetConfig, DeltaNetForCausalLM
+    except Exception as e:  # noqa: BLE001
+        raise RuntimeError(f"not run: fla/transformers import failed: {type(e).__name__}: {e}") from e
+    from falcon_lab.models import SIZE_PRESETS
+
+    p = SIZE_PRESETS[size]
+    cfg = DeltaNetConfig(hidden_size=p["d_model"], num_hidden_layers=p["n_layers"], num_heads=p["n_heads"],
+                         vocab_size=vocab, tie_word_embeddings=True, fuse_cross_entropy=False)
+    return DeltaNetForCausalLM(cfg)
+
+
+def mixer_labels(name: str, cfg) -> dict:
+    if cfg is None:
+        return {"mixer": name, "variant": None, "preset": None}
+    m = cfg.mixer
+    if m.name == "falcon":
+        return {"mixer": name, "variant": f"Falcon-{m.variant}", "preset": str(m.preset)}
+    return {"mixer": name, "variant": None, "preset": None}
+
+
+# ---------------------------------------------------------------------------------------------------
+class _Timer:
+    """Wall-clock seconds of a region: CUDA events on CUDA, perf_counter (after sync) elsewhere."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            self.a, self.b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.a.record()
+        else:
+            self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self.b.record()
+            torch.cuda.synchronize()
+            self.s = self.a.elapsed_time(self.b) / 1e3
+        else:
+            self.s = time.perf_counter() - self.t0
+        return False
+
+
+def _autocast(device, bf16: bool):
+    if device.type == "cuda" and bf16:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast(device.type, enabled=False)
+
+
+def _logits(model, ids):
+    out = model(ids)
+    return out.logits if hasattr(out, "logits") else out
+
+
+def bench_train(model, device, seq_len, tokens_per_step, steps, warmup, vocab, bf16=True, peak_flops=None):
+    """Median tokens/s of forward+backward+AdamW; returns a dict of measurements."""
+    B = max(1, tokens_per_step // seq_len)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1,
+                            **({"fused": True} if device.type == "cuda" else {}))
+    g = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, vocab, (B, seq_len + 1), generator=g).to(device)
+    x, y = ids[:, :-1], ids[:, 1:]
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for i in range(warmup + steps):
+        with _Timer(device) as t:
+            with _autocast(device, bf16):
+                logits = _logits(model, x)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if i >= warmup:
+            times.append(t.s)
+        if not math.isfinite(float(loss.detach())):
+            raise RuntimeError(f"training loss is {float(loss.detach())}")
+    med = statistics.median(times)
+    out = {"batch": B, "tokens_per_s": B * seq_len / med, "step_s": med, "n_timed": len(times)}
+    if device.type == "cuda":
+        out["peak_mem_bytes"] = torch.cuda.max_memory_allocated(device)
+    fpt = model.flops_per_token(seq_len) if hasattr(model, "flops_per_token") else None
+    if fpt is not None:
+        out["flops_per_token_fwd"] = float(fpt)
+        if peak_flops:
+            out["mfu"] = 3.0 * fpt * out["tokens_per_s"] / peak_flops
+    del opt
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+# ---- decode state helpers -------------------------------------------------------------------------
+def _leaves(obj, out):
+    """Flatten a decode state (dicts, lists, tuples, dataclasses such as FalconState) into leaves."""
+    if isinstance(obj, dict):
+        for k in sorted(obj, key=str):
+            _leaves(obj[k], out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _leaves(v, out)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            _leaves(getattr(obj, f.name), out)
+    else:
+        out.append(obj)
+    return out
+
+
+def state_bytes(state) -> int:
+    return int(sum(t.numel() * t.element_size() for t in _leaves(state, []) if torch.is_tensor(t)))
+
+
+@torch.no_grad()
+def prefill(model, ids):
+    """The model's own prefill (Decoder.prefill); only the last position's logits are kept."""
+    logits, state = model.prefill(ids)
+    return logits[:, -1], state
+
+
+class _GraphStep:
+    """One decode step captured in a CUDA graph; the state tensors are updated in place (the step's
+    new state is copied into static buffers inside the graph). Raises RuntimeError(reason) if the
+    state changes shape or holds Python values that change per step (then the graph would be wrong)."""
+
+    def __init__(self, model, tok, state):
+        self.model = model
+        self.tok = tok.clone()
+        self.state = state
+        self.static = _leaves(state, [])
+        # dry run: the step must keep every tensor's shape/dtype and every non-tensor leaf
+        _, new = model.step(self.tok, state)
+        self._check(_leaves(new, []))
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                _, new = model.step(self.tok, state)
+        torch.cuda.current_stream().wait_stream(s)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            logits, new = model.step(self.tok, state)
+            nl = _leaves(new, [])
+            for a, b in zip(self.static, nl):
+                if torch.is_tensor(a) and a is not b:
+                    a.copy_(b)
+            self.logits = logits
+            self.next_tok = logits.argmax(-1)
+
+    def _check(self, nl):
+        if len(nl) != len(self.static):
+            raise RuntimeError("decode state changes structure per step")
+        for a, b in zip(self.static, nl):
+            if torch.is_tensor(a) != torch.is_tensor(b):
+                raise RuntimeError("decode state changes structure per step")
+            if torch.is_tensor(a):
+                if a.shape != b.shape or a.dtype != b.dtype:
+                    raise RuntimeError(f"decode state tensor changes shape per step ({tuple(a.shape)} -> "
+                                       f"{tuple(b.shape)}: a growing KV cache cannot be graph-captured)")
+            elif a != b:
+                raise RuntimeError(f"decode state holds a Python value that changes per step ({a!r} -> {b!r})")
+
+    def __call__(self):
+        self.graph.replay()
+        self.tok.copy_(self.next_tok)
+
+
+@torch.no_grad()
+def bench_decode(model, device, ctx, batch, steps, warmup, vocab, bf16=True, prefill_reps=1, cuda_graphs=False):
+    """Prefill `ctx` tokens for `batch` rows (median seconds over repeats), then greedy per-token decode
+    latency (median ms over `steps`). Returns a dict."""
+    model.eval()
+    g = torch.Generator(device="cpu").manual_seed(1)
+    ids = torch.randint(0, vocab, (batch, ctx), generator=g).to(device)
+    times, state, last = [], None, None
+    for _ in range(max(1, prefill_reps)):
+        state = last = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        with _Timer(device) as t, _autocast(device, bf16):
+            last, state = prefill(model, ids)
+        times.append(t.s)
+    out = {"prefill_s": statistics.median(times), "prefill_tokens_per_s": batch * ctx / statistics.median(times),
+           "state_bytes_per_seq": state_bytes(state) / batch}
+    if hasattr(model, "state_numel"):
+        out["state_numel_per_seq"] = int(model.state_numel(1, ctx))
+    tok = last.argmax(-1)
+    mode, reason = "eager", None
+    step_fn = None
+    if cuda_graphs and device.type == "cuda":
+        try:
+            with _autocast(device, bf16):
+                gs = _GraphStep(model, tok, state)
+            step_fn, mode = gs, "cuda_graph"
+        except Exception as e:  # noqa: BLE001  (recorded, eager fallback)
+            reason = f"{type(e).__name__}: {str(e)[:300]}"
+            torch.cuda.synchronize()
+    elif cuda_graphs:
+        reason = "CUDA graphs need a CUDA device"
+    lat = []
+    for i in range(warmup + steps):
+        with _Timer(device) as t:
+            if step_fn is not None:
+                step_fn()
+            else:
+                with _autocast(device, bf16):
+                    logits, state = model.step(tok, state)
+                tok = logits.argmax(-1)
+        if i >= warmup:
+            lat.append(t.s)
+    out["decode_ms_per_token"] = statistics.median(lat) * 1e3
+    out["decode_tokens_per_s"] = batch / statistics.median(lat)
+    out["decode_mode"] = mode
+    if reason:
+        out["cuda_graph_fallback"] = reason
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+def _err(e) -> str:
+    if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
+        return f"OOM: {str(e).splitlines()[0][:200]}"
+    return f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def _cleanup(device):
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=32768, contexts=(1024, 4096, 16384, 65536),
+        batches=(1, 16), steps=10, warmup=3, decode_steps=50, out="benchmarks/results", device=None,
+        cuda_graphs=False, use_mlflow=False, peak_flops=None, vocab=VOCAB, prefill_reps=2, bf16=True,
+        tracking_uri=None, verbose=True):
+    """Run the benchmark; writes model_<slug>.json after every mixer, PNG plots and model_<slug>.md.
+    Returns the result dict."""
+    from falcon_lab.training.callbacks import device_peak_flops
+
+    mixers = parse_mixers(",".join(mixers) if isinstance(mixers, (list, tuple)) else mixers)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    peak = device_peak_flops(peak_flops) if (device.type == "cuda" or peak_flops) else None
+    try:
+        import triton
+
+        triton_v = triton.__version__
+    except Exception:  # noqa: BLE001
+        triton_v = None
+    slug = gpu_slug(device)
+    res = {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "torch": torch.__version__, "triton": triton_v, "commit": _commit(), "size": size,
+           "vocab": vocab, "tokens_per_step": tokens_per_step, "bf16_autocast": bool(bf16 and device.type == "cuda"),
+           "peak_flops": peak, "cuda_graphs": bool(cuda_graphs), "rows": []}
+    outdir = Path(out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    jpath = outdir / f"model_{slug}.json"
+    for name in mixers:
+        cfg = None
+        labels = {"mixer": name, "variant": None, "preset": None}
+        mrows = []
+
+        def add(seq_len, batch, metric, value, unit, **extra):
+            r = {**labels, "seq_len": seq_len, "batch": batch, "metric": metric, "value": value, "unit": unit, **extra}
+            mrows.append(r)
+            res["rows"].append(r)
+
+        try:
+            if name == FLA_DELTANET:
+                model = build_fla_deltanet(size, vocab, device)
+            else:
+                model, cfg = build(name, size, vocab)
+                labels = mixer_labels(name, cfg)
+            model = model.to(device)
+        except RuntimeError as e:
+            if str(e).startswith("not run:"):
+                add(None, None, "not_run", None, None, error=str(e))
+                _log(verbose, f"[bench model] {name}: {e}")
+                continue
+            raise
+        n_params = sum(p.numel() for p in model.parameters())
+        _log(verbose, f"[bench model] {name}: {n_params / 1e6:.1f}M params on {device}")
+        for T in seq_lens:
+            B = max(1, tokens_per_step // T)
+            try:
+                r = bench_train(model, device, T, tokens_per_step, steps, warmup, vocab, bf16, peak)
+                add(T, B, "train_tokens_per_s", r["tokens_per_s"], "tokens/s", step_s=r["step_s"], n_timed=r["n_timed"])
+                if "peak_mem_bytes" in r:
+                    add(T, B, "train_peak_mem_bytes", r["peak_mem_bytes"], "bytes")
+                if "mfu" in r:
+                    add(T, B, "train_mfu", r["mfu"], "fraction", flops_per_token_fwd=r["flops_per_token_fwd"],
+                        peak_flops=peak)
+                _log(verbose, f"  train T={T} B={B}: {r['tokens_per_s']:.0f} tok/s"
+                     + (f", MFU {r['mfu']:.3f}" if "mfu" in r else "")
+                     + (f", peak {r['peak_mem_bytes'] / 2**30:.1f} GiB" if "peak_mem_bytes" in r else ""))
+            except Exception as e:  # noqa: BLE001  OOM or any error: recorded, continue
+                add(T, B, "train_tokens_per_s", None, "tokens/s", error=_err(e))
+                _log(verbose, f"  train T={T} B={B}: error {_err(e)}")
+                if verbose and not isinstance(e, torch.OutOfMemoryError):
+                    traceback.print_exc()
+            finally:
+                model.zero_grad(set_to_none=True)
+                _cleanup(device)
+        if not hasattr(model, "step"):
+            for ctx in contexts:
+                for b in batches:
+                    add(ctx, b, "decode_ms_per_token", None, "ms",
+                        error="not run: the model has no init_state/step decode API (ours: platform models only)")
+        else:
+            for ctx in contexts:
+                for b in batches:
+                    try:
+                        r = bench_decode(model, device, ctx, b, decode_steps, warmup, vocab, bf16, prefill_reps,
+                                         cuda_graphs)
+                        extra = {"decode_mode": r["decode_mode"]}
+                        if "cuda_graph_fallback" in r:
+                            extra["cuda_graph_fallback"] = r["cuda_graph_fallback"]
+                        add(ctx, b, "prefill_s", r["prefill_s"], "s")
+                        add(ctx, b, "prefill_tokens_per_s", r["prefill_tokens_per_s"], "tokens/s")
+                        add(ctx, b, "decode_ms_per_token", r["decode_ms_per_token"], "ms", **extra)
+                        add(ctx, b, "decode_tokens_per_s", r["decode_tokens_per_s"], "tokens/s", **extra)
+                        add(ctx, b, "state_bytes_per_seq", r["state_bytes_per_seq"], "bytes",
+                            state_numel_per_seq=r.get("state_numel_per_seq"))
+                        _log(verbose, f"  decode ctx={ctx} B={b}: prefill {r['prefill_s'] * 1e3:.1f} ms, "
+                             f"{r['decode_ms_per_token']:.2f} ms/token ({r['decode_mode']}), "
+                             f"state {r['state_bytes_per_seq'] / 2**20:.2f} MiB/seq")
+                    except Exception as e:  # noqa: BLE001
+                        add(ctx, b, "decode_ms_per_token", None, "ms", error=_err(e))
+                        _log(verbose, f"  decode ctx={ctx} B={b}: error {_err(e)}")
+                    finally:
+                        _cleanup(device)
+        del model
+        _cleanup(device)
+        jpath.write_text(json.dumps(res, indent=1))
+        if use_mlflow:
+            try:
+                log_mlflow(name, cfg, labels, mrows, res, size, tracking_uri)
+            except Exception as e:  # noqa: BLE001
+                _log(verbose, f"  mlflow logging failed: {_err(e)}")
+    jpath.write_text(json.dumps(res, indent=1))
+    md = markdown(res)
+    (outdir / f"model_{slug}.md").write_text(md)
+    res["plots"] = plot(res, outdir, slug)
+    jpath.write_text(json.dumps(res, indent=1))
+    if verbose:
+        print(md)
+        print(f"[bench model] wrote {jpath}")
+    return res
+
+
+def _log(verbose, msg):
+    if verbose:
+        print(msg, flush=True)
+
+
+# ---- MLflow ---------------------------------------------------------------------------------------
+def log_mlflow(name, cfg, labels, rows, res, size, tracking_uri=None):
+    """One MLflow run per mixer in the training runs' experiment, tagged like them (mixer, variant,
+    preset, model, git) plus benchmark=model; metrics `bench/<metric>/T<seq_len>_B<batch>`."""
+    import mlflow
+
+    from falcon_lab.training.mlflow import git_info, resolve_artifact_location, resolve_tracking_uri, run_tags
+
+    from falcon_lab.training.config import compose
+
+    if cfg is None:
+        cfg = compose([f"model={size}"])
+        tags = {"mixer": name, "model": size, **git_info()}
+    else:
+        tags = run_tags(cfg)
+    tags.update({"benchmark": "model", "gpu": res["gpu"], "torch": res["torch"], "triton": str(res["triton"])})
+    uri = tracking_uri or resolve_tracking_uri(cfg.logger)
+    client = mlflow.MlflowClient(uri)
+    exp_name = str(cfg.logger.experiment_name)
+    exp = client.get_experiment_by_name(exp_name)
+    exp_id = exp.experiment_id if exp else client.create_experiment(
+        exp_name, artifact_location=resolve_artifact_location(uri, cfg.logger))
+    run = client.create_run(exp_id, tags=tags, run_name=f"bench-{name}-{size}")
+    rid = run.info.run_id
+    try:
+        client.log_param(rid, "bench.tokens_per_step", res["tokens_per_step"])
+        client.log_param(rid, "bench.cuda_graphs", res["cuda_graphs"])
+        for r in rows:
+            if r["value"] is None:
+                continue
+            key = f"bench/{r['metric']}/T{r['seq_len']}_B{r['batch']}"
+            client.log_metric(rid, key, float(r["value"]))
+        errs = [f"{r['metric']} T={r['seq_len']} B={r['batch']}: {r['error']}" for r in rows if r.get("error")]
+        if errs:
+            client.set_tag(rid, "bench_errors", "\n".join(errs)[:4900])
+        client.log_text(rid, json.dumps(rows, indent=1), "bench_rows.json")
+        client.set_terminated(rid, "FINISHED")
+    except Exception:
+        client.set_terminated(rid, "FAILED")
+        raise
+    return rid
+
+
+# ---- tables and plots -------------------------------------------------------------------------------
+def _fmt(v, unit):
+    if v is None:
+        return "—"
+    if unit == "bytes":
+        return f"{v / 2**20:.2f} MiB"
+    if unit == "fraction":
+        return f"{v:.3f}"
+    if unit == "tokens/s":
+        return f"{v / 1e3:.1f}k"
+    if unit == "s":
+        return f"{v * 1e3:.1f} ms"
+    return f"{v:.3g}"
+
+
+TABLES = [("train_tokens_per_s", "Training tokens/s (fwd+bwd+AdamW)"),
+          ("train_mfu", "Training MFU"),
+          ("train_peak_mem_bytes", "Training peak memory"),
+          ("prefill_s", "Prefill time"),
+          ("decode_ms_per_token", "Decode latency per token (ms)"),
+          ("state_bytes_per_seq", "State / KV-cache bytes per sequence")]
+
+
+def markdown(res) -> str:
+    lines = [f"# Whole-model benchmark ({res['gpu']}, torch {res['torch']}, triton {res['triton']}, "
+             f"commit {res['commit'][:12]}, size {res['size']})", ""]
+    mixers = list(dict.fromkeys(r["mixer"] for r in res["rows"]))
+    for metric, title in TABLES:
+        rows = [r for r in res["rows"] if r["metric"] == metric]
+        if not rows:
+            continue
+        cols = list(dict.fromkeys((r["seq_len"], r["batch"]) for r in rows))
+        lines += [f"## {title}", "", "| mixer | " + " | ".join(f"T={t} B={b}" for t, b in cols) + " |",
+                  "|---" * (len(cols) + 1) + "|"]
+        for m in mixers:
+            cell = {(r["seq_len"], r["batch"]): r for r in rows if r["mixer"] == m}
+            if not cell:
+                continue
+            vals = []
+            for c in cols:
+                r = cell.get(c)
+                vals.append("" if r is None else ("error" if r.get("error") else _fmt(r["value"], r["unit"])))
+            lines.append(f"| {m} | " + " | ".join(vals) + " |")
+        lines.append("")
+    errs = [r for r in res["rows"] if r.get("error")]
+    if errs:
+        lines += ["## Not run / errors", ""]
+        lines += [f"- {r['mixer']} {r['metric']} T={r['seq_len']} B={r['batch']}: {r['error']}" for r in errs]
+        lines.append("")
+    fb = {(r["mixer"], r["cuda_graph_fallback"]) for r in res["rows"] if r.get("cuda_graph_fallback")}
+    if fb:
+        lines += ["## CUDA-graph fallbacks (eager used)", ""] + [f"- {m}: {why}" for m, why in sorted(fb)] + [""]
+    return "\n".join(lines)
+
+
+def plot(res, outdir: Path, slug: str) -> list[str]:
+    """One PNG per table: value vs sequence length / context, one line per mixer (and batch)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for metric, title in TABLES:
+        rows = [r for r in res["rows"] if r["metric"] == metric and r["value"] is not None]
+        if not rows:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        keys = list(dict.fromkeys((r["mixer"], r["batch"]) for r in rows))
+        multi_b = len({b for _, b in keys}) > 1 and not metric.startswith("train")
+        for m, b in keys:
+            pts = sorted((r["seq_len"], r["value"]) for r in rows if r["mixer"] == m and r["batch"] == b)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{m} B={b}" if multi_b else m)
+        ax.set_xscale("log", base=2)
+        if metric in ("prefill_s", "state_bytes_per_seq", "decode_ms_per_token"):
+            ax.set_yscale("log")
+        ax.set_xlabel("sequence length" if metric.startswith("train") else "context length")
+        ax.set_ylabel(f"{metric} ({rows[0]['unit']})")
+        ax.set_title(f"{title}\n{res['gpu']} · torch {res['torch']} · {res['commit'][:10]} · {res['size']}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        p = outdir / f"model_{slug}_{metric}.png"
+        fig.savefig(p, dpi=120)
+        plt.close(fig)
+        paths.append(str(p))
+    return paths
+
+
+def _ints(s, flag):
+    try:
+        return [int(x) for x in str(s).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated integers, got {s!r}") from None
+
+
+def main(a):
+    """Entry from falcon_lab.bench (argparse namespace)."""
+    if a.size not in ("tiny", "small", "medium"):
+        raise ValueError(f"--size: unknown size {a.size!r}; choose from tiny, small, medium")
+    mixers = parse_mixers(a.mixers)
+    seq_lens = _ints(a.seq_lens, "--seq-lens")
+    contexts = _ints(a.contexts, "--contexts")
+    batches = _ints(a.batches, "--batches")
+    for flag, vals in (("--seq-lens", seq_lens), ("--contexts", contexts), ("--batches", batches)):
+        if any(v <= 0 for v in vals):
+            raise ValueError(f"{flag}: values must be positive, got {vals}")
+    if a.device and a.device.split(":")[0] not in ("cpu", "cuda"):
+        raise ValueError(f"--device: expected cpu or cuda, got {a.device!r}")
+    steps = a.steps if a.steps is not None else (2 if a.quick else 10)
+    warmup = 1 if a.quick else 3
+    decode_steps = a.decode_steps if a.decode_steps is not None else (3 if a.quick else 50)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    return run(mixers, size=a.size, seq_lens=seq_lens, tokens_per_step=a.tokens_per_step, contexts=contexts,
+               batches=batches, steps=steps, warmup=warmup, decode_steps=decode_steps, out=a.out, device=a.device,
+               cuda_graphs=a.cuda_graphs, use_mlflow=a.mlflow, peak_flops=a.peak_flops, vocab=a.vocab,
+               prefill_reps=1 if a.quick else 2)
+
+
+def add_parser(sub):
+    m = sub.add_parser("model", help="whole-model training throughput, MFU, memory, prefill and decode latency")
+    m.add_argument("--size", default="small", help="model size preset: tiny | small | medium (default small)")
+    m.add_argument("--mixers", default=None, help="comma-separated subset of " + ",".join(DEFAULT_MIXERS))
+    m.add_argument("--seq-lens", default="2048,8192,32768", help="training sequence lengths")
+    m.add_argument("--tokens-per-step", type=int, default=32768, help="batch = tokens_per_step // seq_len")
+    m.add_argument("--contexts", default="1024,4096,16384,65536", help="decode contexts (prefilled)")
+    m.add_argument("--batches", default="1,16", help="decode batch sizes")
+    m.add_argument("--steps", type=int, default=None, help="timed training steps (default 10; 2 with --quick)")
+    m.add_argument("--decode-steps", type=int, default=None, help="timed decode steps (default 50; 3 with --quick)")
+    m.add_argument("--out", default="benchmarks/results")
+    m.add_argument("--quick", action="store_true", help="fewer warm-up/timed steps (smoke runs)")
+    m.add_argument("--cuda-graphs", action="store_true", help="capture one decode step per mixer in a CUDA graph")
+    m.add_argument("--mlflow", action="store_true", help="one MLflow run per mixer (training runs' store/experiment)")
+    m.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
+    m.add_argument("--peak-flops", type=float, default=None, help="override the dense bf16 peak for MFU (FLOP/s)")
+    m.add_argument("--vocab", type=int, default=VOCAB, help=f"vocabulary size (default {VOCAB}, ours)")
+    m.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    return m

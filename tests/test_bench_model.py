@@ -1,0 +1,74 @@
+"""CPU smoke of `python -m falcon_lab.bench model` (whole-model throughput / decode benchmark).
+No timing assertions: only that every expected measurement exists, is positive and is labelled."""
+import json
+
+import pytest
+
+from falcon_lab.bench import main as bench_main
+
+
+def _run(tmp_path, *extra):
+    out = tmp_path / "res"
+    bench_main(["model", "--size", "tiny", "--device", "cpu", "--quick", "--mixers", "falcon-3A,transformer",
+                "--seq-lens", "64", "--tokens-per-step", "128", "--contexts", "64,128", "--batches", "1,2",
+                "--threads", "1", "--out", str(out), *extra])
+    return out, json.loads((out / "model_cpu.json").read_text())
+
+
+def test_bench_model_cpu_smoke(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    out, res = _run(tmp_path, "--mlflow", "--cuda-graphs")
+    assert res["gpu"] == "cpu" and res["torch"] and res["commit"] and res["size"] == "tiny"
+    rows = res["rows"]
+    assert not [r for r in rows if r.get("error")], [r for r in rows if r.get("error")]
+    for r in rows:
+        assert {"mixer", "variant", "preset", "seq_len", "batch", "metric", "value", "unit"} <= set(r)
+        assert r["value"] > 0, r
+    got = {(r["mixer"], r["metric"], r["seq_len"], r["batch"]) for r in rows}
+    for m in ("falcon-3A", "transformer"):
+        assert (m, "train_tokens_per_s", 64, 2) in got  # batch = 128 // 64
+        for ctx in (64, 128):
+            for b in (1, 2):
+                for metric in ("prefill_s", "decode_ms_per_token", "decode_tokens_per_s", "state_bytes_per_seq"):
+                    assert (m, metric, ctx, b) in got, (m, metric, ctx, b)
+    f3a = [r for r in rows if r["mixer"] == "falcon-3A"]
+    assert {r["variant"] for r in f3a} == {"Falcon-3A"} and {r["preset"] for r in f3a} == {".3"}
+    # state bytes: Falcon's state is constant in the context, the KV cache grows linearly with it
+    sb = {(r["mixer"], r["seq_len"]): r for r in rows if r["metric"] == "state_bytes_per_seq" and r["batch"] == 1}
+    assert sb[("falcon-3A", 64)]["value"] == sb[("falcon-3A", 128)]["value"]
+    assert sb[("transformer", 128)]["value"] == 2 * sb[("transformer", 64)]["value"]
+    assert sb[("transformer", 64)]["value"] == 4 * sb[("transformer", 64)]["state_numel_per_seq"]  # fp32 on CPU
+    # --cuda-graphs on CPU: eager with the reason recorded
+    dec = [r for r in rows if r["metric"] == "decode_ms_per_token"]
+    assert all(r["decode_mode"] == "eager" and "CUDA" in r["cuda_graph_fallback"] for r in dec)
+    assert (out / "model_cpu.md").read_text().count("| falcon-3A |") >= 3
+    assert (out / "model_cpu_train_tokens_per_s.png").stat().st_size > 0
+    assert (out / "model_cpu_decode_ms_per_token.png").stat().st_size > 0
+    # one MLflow run per mixer, tagged like the training runs
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("falcon_lab")
+    runs = client.search_runs([exp.experiment_id], "tags.benchmark = 'model'")
+    by = {r.data.tags["mixer"]: r for r in runs}
+    assert set(by) == {"falcon", "attention"}
+    assert by["falcon"].data.tags["variant"] == "Falcon-3A" and by["falcon"].data.tags["preset"] == ".3"
+    assert by["falcon"].data.metrics["bench/train_tokens_per_s/T64_B2"] > 0
+    assert by["attention"].data.metrics["bench/decode_ms_per_token/T128_B1"] > 0
+    assert all(r.info.status == "FINISHED" for r in runs)
+
+
+def test_bench_model_unknown_mixer(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench_main(["model", "--size", "tiny", "--device", "cpu", "--mixers", "falcon-1,transformerz",
+                    "--out", str(tmp_path)])
+    assert "transformerz" in str(e.value.code) and "--mixers" in str(e.value.code)
+    assert not (tmp_path / "model_cpu.json").exists()
+
+
+def test_bench_model_fla_not_run_on_cpu(tmp_path):
+    out = tmp_path / "res"
+    bench_main(["model", "--size", "tiny", "--device", "cpu", "--quick", "--mixers", "fla_deltanet",
+                "--seq-lens", "32", "--tokens-per-step", "32", "--contexts", "16", "--batches", "1", "--out", str(out)])
+    rows = json.loads((out / "model_cpu.json").read_text())["rows"]
+    assert len(rows) == 1 and rows[0]["metric"] == "not_run" and rows[0]["error"].startswith("not run:")
