@@ -72,3 +72,32 @@ def test_bench_model_fla_not_run_on_cpu(tmp_path):
                 "--seq-lens", "32", "--tokens-per-step", "32", "--contexts", "16", "--batches", "1", "--out", str(out)])
     rows = json.loads((out / "model_cpu.json").read_text())["rows"]
     assert len(rows) == 1 and rows[0]["metric"] == "not_run" and rows[0]["error"].startswith("not run:")
+
+
+def test_bench_prefill_matches_decoder_prefill():
+    """The benchmark's prefill (LM head on the last position only) gives Decoder.prefill's last logits and
+    a state that continues decoding identically."""
+    import torch
+
+    from falcon_lab.benchmarking.model import build, prefill
+
+    for name in ("falcon-3", "transformer"):
+        model, _ = build(name, "tiny", vocab=97)
+        model.eval()
+        ids = torch.randint(0, 97, (2, 40))
+        with torch.no_grad():
+            ref_logits, ref_state = model.prefill(ids)
+            last, state = prefill(model, ids)
+            torch.testing.assert_close(last, ref_logits[:, -1])
+            a, _ = model.step(ids[:, 0], state)
+            b, _ = model.step(ids[:, 0], ref_state)
+        torch.testing.assert_close(a, b)
+
+
+def test_bench_model_bad_flag_values(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        bench_main(["model", "--size", "tiny", "--device", "cpu", "--seq-lens", "64,x", "--out", str(tmp_path)])
+    assert "--seq-lens" in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        bench_main(["model", "--size", "huge", "--device", "cpu", "--out", str(tmp_path)])
+    assert "--size" in str(e.value.code) and "huge" in str(e.value.code)

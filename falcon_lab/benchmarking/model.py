@@ -208,9 +208,18 @@ def state_bytes(state) -> int:
 
 @torch.no_grad()
 def prefill(model, ids):
-    """The model's own prefill (Decoder.prefill); only the last position's logits are kept."""
-    logits, state = model.prefill(ids)
-    return logits[:, -1], state
+    """Decoder.prefill's block loop (each block's parallel/chunked forward returning its state), but the
+    LM head only on the last position (ours, as serving engines do: full-context logits at 64k x 16 rows
+    x 50304 would need ~100 GB and measure the head, not the mixer). Returns (last logits [B, V], state)."""
+    if not hasattr(model, "blocks"):
+        logits, state = model.prefill(ids)
+        return logits[:, -1], state
+    x = model.embed(ids)
+    state = []
+    for blk, st in zip(model.blocks, model.init_state(ids.shape[0], ids.device)):
+        x, st = blk(x, state=st, return_state=True)
+        state.append(st)
+    return model.logits(x[:, -1:])[:, 0], state
 
 
 class _GraphStep:
@@ -538,6 +547,7 @@ def markdown(res) -> str:
                 vals.append("" if r is None else ("error" if r.get("error") else _fmt(r["value"], r["unit"])))
             lines.append(f"| {m} | " + " | ".join(vals) + " |")
         lines.append("")
+    lines += ratios(res)
     errs = [r for r in res["rows"] if r.get("error")]
     if errs:
         lines += ["## Not run / errors", ""]
@@ -547,6 +557,42 @@ def markdown(res) -> str:
     if fb:
         lines += ["## CUDA-graph fallbacks (eager used)", ""] + [f"- {m}: {why}" for m, why in sorted(fb)] + [""]
     return "\n".join(lines)
+
+
+def ratios(res) -> list[str]:
+    """The issue's target ratios, computed from this run's rows (no numbers from elsewhere)."""
+    val = {(r["mixer"], r["metric"], r["seq_len"], r["batch"]): r["value"] for r in res["rows"]
+           if r["value"] is not None}
+    falcons = [m for m in dict.fromkeys(r["mixer"] for r in res["rows"]) if m.startswith("falcon-")]
+    out = []
+    tr = sorted({(r["seq_len"], r["batch"]) for r in res["rows"] if r["metric"] == "train_tokens_per_s"})
+    for ref in ("transformer", FLA_DELTANET):
+        if not any((ref, "train_tokens_per_s", t, b) in val for t, b in tr):
+            continue
+        out += [f"## Training tokens/s relative to {ref}", "", "| mixer | " + " | ".join(f"T={t}" for t, _ in tr) + " |",
+                "|---" * (len(tr) + 1) + "|"]
+        for m in falcons:
+            cells = []
+            for t, b in tr:
+                a, r = val.get((m, "train_tokens_per_s", t, b)), val.get((ref, "train_tokens_per_s", t, b))
+                cells.append(f"{a / r:.2f}x" if a and r else "—")
+            out.append(f"| {m} | " + " | ".join(cells) + " |")
+        out.append("")
+    dec = sorted({(r["seq_len"], r["batch"]) for r in res["rows"] if r["metric"] == "decode_ms_per_token"})
+    ctxs = sorted({c for c, _ in dec})
+    if len(ctxs) >= 2:
+        lo, hi = ctxs[0], ctxs[-1]
+        out += [f"## Decode latency flatness: ms/token at context {hi} / at {lo}", "",
+                "| mixer | " + " | ".join(f"B={b}" for b in sorted({b for _, b in dec})) + " |",
+                "|---" * (len({b for _, b in dec}) + 1) + "|"]
+        for m in dict.fromkeys(r["mixer"] for r in res["rows"] if r["metric"] == "decode_ms_per_token"):
+            cells = []
+            for b in sorted({b for _, b in dec}):
+                a, z = val.get((m, "decode_ms_per_token", hi, b)), val.get((m, "decode_ms_per_token", lo, b))
+                cells.append(f"{a / z:.2f}" if a and z else "—")
+            out.append(f"| {m} | " + " | ".join(cells) + " |")
+        out.append("")
+    return out
 
 
 def plot(res, outdir: Path, slug: str) -> list[str]:
@@ -611,7 +657,7 @@ def main(a):
     return run(mixers, size=a.size, seq_lens=seq_lens, tokens_per_step=a.tokens_per_step, contexts=contexts,
                batches=batches, steps=steps, warmup=warmup, decode_steps=decode_steps, out=a.out, device=a.device,
                cuda_graphs=a.cuda_graphs, use_mlflow=a.mlflow, peak_flops=a.peak_flops, vocab=a.vocab,
-               prefill_reps=1 if a.quick else 2)
+               prefill_reps=1 if a.quick else 3)
 
 
 def add_parser(sub):
