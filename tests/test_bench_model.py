@@ -101,3 +101,23 @@ def test_bench_model_bad_flag_values(tmp_path):
     with pytest.raises(SystemExit) as e:
         bench_main(["model", "--size", "huge", "--device", "cpu", "--out", str(tmp_path)])
     assert "--size" in str(e.value.code) and "huge" in str(e.value.code)
+
+
+def test_bench_graph_precondition_on_real_states():
+    """--cuda-graphs replays one captured step only if the step keeps the state static: true for a
+    Falcon state, false (with the reason) for the growing KV cache."""
+    import torch
+
+    from falcon_lab.benchmarking.model import _leaves, build, check_static_step, prefill
+
+    for name, ok in (("falcon-3A", True), ("transformer", False)):
+        model, _ = build(name, "tiny", vocab=50)
+        model.eval()
+        with torch.no_grad():
+            last, st = prefill(model, torch.randint(0, 50, (2, 12)))
+            _, new = model.step(last.argmax(-1), st)
+        if ok:
+            check_static_step(_leaves(st, []), _leaves(new, []))
+        else:
+            with pytest.raises(RuntimeError, match="KV cache"):
+                check_static_step(_leaves(st, []), _leaves(new, []))

@@ -202,6 +202,19 @@ def _leaves(obj, out):
     return out
 
 
+def _clone(obj):
+    if torch.is_tensor(obj):
+        return obj.clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_clone(v) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _clone(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                                           if f.init})
+    return obj
+
+
 def state_bytes(state) -> int:
     return int(sum(t.numel() * t.element_size() for t in _leaves(state, []) if torch.is_tensor(t)))
 
@@ -250,23 +263,39 @@ class _GraphStep:
                     a.copy_(b)
             self.logits = logits
             self.next_tok = logits.argmax(-1)
+        # the replay must reproduce an eager step from the same state (else: eager, with the reason)
+        ref_logits, _ = model.step(self.tok, _clone(state))
+        self.graph.replay()
+        torch.cuda.synchronize()
+        err = (self.logits.float() - ref_logits.float()).abs().max().item()
+        scale = ref_logits.float().abs().max().item() + 1e-6
+        if not err <= 2e-2 * scale:
+            raise RuntimeError(f"CUDA-graph replay differs from the eager step (max abs diff {err:.3g}, "
+                               f"logit scale {scale:.3g})")
+        self.tok.copy_(self.next_tok)
 
     def _check(self, nl):
-        if len(nl) != len(self.static):
-            raise RuntimeError("decode state changes structure per step")
-        for a, b in zip(self.static, nl):
-            if torch.is_tensor(a) != torch.is_tensor(b):
-                raise RuntimeError("decode state changes structure per step")
-            if torch.is_tensor(a):
-                if a.shape != b.shape or a.dtype != b.dtype:
-                    raise RuntimeError(f"decode state tensor changes shape per step ({tuple(a.shape)} -> "
-                                       f"{tuple(b.shape)}: a growing KV cache cannot be graph-captured)")
-            elif a != b:
-                raise RuntimeError(f"decode state holds a Python value that changes per step ({a!r} -> {b!r})")
+        check_static_step(self.static, nl)
 
     def __call__(self):
         self.graph.replay()
         self.tok.copy_(self.next_tok)
+
+
+def check_static_step(old, new):
+    """Raise RuntimeError(reason) unless a decode step keeps the state's structure, every tensor's
+    shape/dtype and every non-tensor value (the conditions for replaying one captured step)."""
+    if len(new) != len(old):
+        raise RuntimeError("decode state changes structure per step")
+    for a, b in zip(old, new):
+        if torch.is_tensor(a) != torch.is_tensor(b):
+            raise RuntimeError("decode state changes structure per step")
+        if torch.is_tensor(a):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise RuntimeError(f"decode state tensor changes shape per step ({tuple(a.shape)} -> "
+                                   f"{tuple(b.shape)}: a growing KV cache cannot be graph-captured)")
+        elif a != b:
+            raise RuntimeError(f"decode state holds a Python value that changes per step ({a!r} -> {b!r})")
 
 
 @torch.no_grad()
