@@ -121,3 +121,23 @@ def test_bench_graph_precondition_on_real_states():
         else:
             with pytest.raises(RuntimeError, match="KV cache"):
                 check_static_step(_leaves(st, []), _leaves(new, []))
+
+
+def test_bench_model_runs_accumulate(tmp_path):
+    """A run split by --mixers (or re-run after an interruption) ends in one JSON; a mismatching setting
+    is refused naming --out; --fresh starts over."""
+    out = tmp_path / "res"
+    base = ["model", "--size", "tiny", "--device", "cpu", "--quick", "--seq-lens", "32", "--tokens-per-step", "32",
+            "--contexts", "16", "--batches", "1", "--decode-steps", "1", "--steps", "1", "--out", str(out)]
+    bench_main(base + ["--mixers", "retnet"])
+    bench_main(base + ["--mixers", "falcon-1"])
+    rows = json.loads((out / "model_cpu.json").read_text())["rows"]
+    assert {r["mixer"] for r in rows} == {"retnet", "falcon-1"} and all(r["commit"] for r in rows)
+    n = len(rows)
+    bench_main(base + ["--mixers", "falcon-1"])  # measured again: replaced, not duplicated
+    assert len(json.loads((out / "model_cpu.json").read_text())["rows"]) == n
+    with pytest.raises(SystemExit) as e:
+        bench_main(base[:-2] + ["--out", str(out), "--mixers", "falcon-1", "--tokens-per-step", "64"])
+    assert "--out" in str(e.value.code) and "tokens_per_step" in str(e.value.code)
+    bench_main(base + ["--mixers", "falcon-1", "--fresh"])
+    assert {r["mixer"] for r in json.loads((out / "model_cpu.json").read_text())["rows"]} == {"falcon-1"}

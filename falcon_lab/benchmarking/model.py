@@ -367,7 +367,7 @@ def _cleanup(device):
 def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=32768, contexts=(1024, 4096, 16384, 65536),
         batches=(1, 16), steps=10, warmup=3, decode_steps=50, out="benchmarks/results", device=None,
         cuda_graphs=False, use_mlflow=False, peak_flops=None, vocab=VOCAB, prefill_reps=2, bf16=True,
-        tracking_uri=None, verbose=True):
+        tracking_uri=None, verbose=True, fresh=False):
     """Run the benchmark; writes model_<slug>.json after every mixer, PNG plots and model_<slug>.md.
     Returns the result dict."""
     from falcon_lab.training.callbacks import device_peak_flops
@@ -391,13 +391,27 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=3276
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     jpath = outdir / f"model_{slug}.json"
+    if jpath.exists() and not fresh:
+        # ours: runs accumulate. Rows of mixers not measured now are kept (each row carries its commit),
+        # so a long run split by --mixers, or an interrupted one re-run for the missing mixers, ends in
+        # one file; a mixer measured again replaces its rows. Other sizes/devices/vocabularies are refused.
+        try:
+            old = json.loads(jpath.read_text())
+        except ValueError as e:
+            raise ValueError(f"--out: {jpath} is not valid JSON ({e}); use --fresh to overwrite it") from None
+        for key in ("size", "vocab", "tokens_per_step", "gpu"):
+            if old.get(key) != res[key]:
+                raise ValueError(f"--out: {jpath} holds {key}={old.get(key)!r}, this run has {res[key]!r}; "
+                                 "use another --out or --fresh")
+        res["rows"] = [r for r in old.get("rows", []) if r.get("mixer") not in mixers]
     for name in mixers:
         cfg = None
         labels = {"mixer": name, "variant": None, "preset": None}
         mrows = []
 
         def add(seq_len, batch, metric, value, unit, **extra):
-            r = {**labels, "seq_len": seq_len, "batch": batch, "metric": metric, "value": value, "unit": unit, **extra}
+            r = {**labels, "seq_len": seq_len, "batch": batch, "metric": metric, "value": value, "unit": unit,
+                 "commit": res["commit"], **extra}
             mrows.append(r)
             res["rows"].append(r)
 
@@ -686,7 +700,7 @@ def main(a):
     return run(mixers, size=a.size, seq_lens=seq_lens, tokens_per_step=a.tokens_per_step, contexts=contexts,
                batches=batches, steps=steps, warmup=warmup, decode_steps=decode_steps, out=a.out, device=a.device,
                cuda_graphs=a.cuda_graphs, use_mlflow=a.mlflow, peak_flops=a.peak_flops, vocab=a.vocab,
-               prefill_reps=1 if a.quick else 3)
+               prefill_reps=1 if a.quick else 3, fresh=a.fresh)
 
 
 def add_parser(sub):
@@ -700,6 +714,7 @@ def add_parser(sub):
     m.add_argument("--steps", type=int, default=None, help="timed training steps (default 10; 2 with --quick)")
     m.add_argument("--decode-steps", type=int, default=None, help="timed decode steps (default 50; 3 with --quick)")
     m.add_argument("--out", default="benchmarks/results")
+    m.add_argument("--fresh", action="store_true", help="overwrite model_<slug>.json instead of merging rows")
     m.add_argument("--quick", action="store_true", help="fewer warm-up/timed steps (smoke runs)")
     m.add_argument("--cuda-graphs", action="store_true", help="capture one decode step per mixer in a CUDA graph")
     m.add_argument("--mlflow", action="store_true", help="one MLflow run per mixer (training runs' store/experiment)")
