@@ -429,12 +429,15 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=3276
                 continue
             raise
         n_params = sum(p.numel() for p in model.parameters())
+        labels["params"] = int(n_params)
         _log(verbose, f"[bench model] {name}: {n_params / 1e6:.1f}M params on {device}")
         for T in seq_lens:
             B = max(1, tokens_per_step // T)
             try:
                 r = bench_train(model, device, T, tokens_per_step, steps, warmup, vocab, bf16, peak)
-                add(T, B, "train_tokens_per_s", r["tokens_per_s"], "tokens/s", step_s=r["step_s"], n_timed=r["n_timed"])
+                bk = {"backend": ",".join(model.backends_used())} if hasattr(model, "backends_used") else {}
+                add(T, B, "train_tokens_per_s", r["tokens_per_s"], "tokens/s", step_s=r["step_s"], n_timed=r["n_timed"],
+                    **bk)
                 if "peak_mem_bytes" in r:
                     add(T, B, "train_peak_mem_bytes", r["peak_mem_bytes"], "bytes")
                 if "mfu" in r:
@@ -639,34 +642,43 @@ def ratios(res) -> list[str]:
 
 
 def plot(res, outdir: Path, slug: str) -> list[str]:
-    """One PNG per table: value vs sequence length / context, one line per mixer (and batch)."""
+    """One PNG per table: value vs sequence length / context, one line per mixer (one panel per decode
+    batch size); Falcon variants solid, baselines dashed, one colour per mixer."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    mixers = list(dict.fromkeys(r["mixer"] for r in res["rows"]))
+    cmap = plt.get_cmap("tab20")
+    color = {m: cmap(i % 20) for i, m in enumerate(mixers)}
     paths = []
     for metric, title in TABLES:
         rows = [r for r in res["rows"] if r["metric"] == metric and r["value"] is not None]
         if not rows:
             continue
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        keys = list(dict.fromkeys((r["mixer"], r["batch"]) for r in rows))
-        multi_b = len({b for _, b in keys}) > 1 and not metric.startswith("train")
-        for m, b in keys:
-            pts = sorted((r["seq_len"], r["value"]) for r in rows if r["mixer"] == m and r["batch"] == b)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{m} B={b}" if multi_b else m)
-        ax.set_xscale("log", base=2)
-        if metric in ("prefill_s", "state_bytes_per_seq", "decode_ms_per_token"):
-            ax.set_yscale("log")
-        ax.set_xlabel("sequence length" if metric.startswith("train") else "context length")
-        ax.set_ylabel(f"{metric} ({rows[0]['unit']})")
-        ax.set_title(f"{title}\n{res['gpu']} · torch {res['torch']} · {res['commit'][:10]} · {res['size']}", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
+        panels = [None] if metric.startswith("train") else sorted({r["batch"] for r in rows})
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels) + 2.2, 4.5), squeeze=False)
+        for ax, b in zip(axes[0], panels):
+            for m in mixers:
+                pts = sorted((r["seq_len"], r["value"]) for r in rows if r["mixer"] == m and (b is None or r["batch"] == b))
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=color[m], label=m,
+                            linestyle="-" if m.startswith("falcon-") else "--")
+            ax.set_xscale("log", base=2)
+            if metric in ("prefill_s", "state_bytes_per_seq", "decode_ms_per_token"):
+                ax.set_yscale("log")
+            ax.set_xlabel("sequence length" if metric.startswith("train") else "context length")
+            ax.set_ylabel(f"{metric} ({rows[0]['unit']})")
+            if b is not None:
+                ax.set_title(f"batch {b}", fontsize=9)
+            ax.grid(alpha=0.3)
+        axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+        fig.suptitle(f"{title} — {res['gpu']} · torch {res['torch']} · {res['commit'][:10]} · {res['size']}",
+                     fontsize=9)
         fig.tight_layout()
         p = outdir / f"model_{slug}_{metric}.png"
-        fig.savefig(p, dpi=120)
+        fig.savefig(p, dpi=120, bbox_inches="tight")
         plt.close(fig)
         paths.append(str(p))
     return paths
