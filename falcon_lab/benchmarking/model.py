@@ -521,7 +521,7 @@ def log_mlflow(name, cfg, labels, rows, res, size, tracking_uri=None):
         tags = {"mixer": name, "model": size, **git_info()}
     else:
         tags = run_tags(cfg)
-    tags.update({"benchmark": "model", "gpu": res["gpu"], "torch": res["torch"], "triton": str(res["triton"])})
+    tags.update({"benchmark": "model", "data": "random token ids (benchmark)", "gpu": res["gpu"], "torch": res["torch"], "triton": str(res["triton"])})
     uri = tracking_uri or resolve_tracking_uri(cfg.logger)
     client = mlflow.MlflowClient(uri)
     exp_name = str(cfg.logger.experiment_name)
