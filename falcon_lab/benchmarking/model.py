@@ -94,10 +94,15 @@ def build_fla_deltanet(size: str, vocab: int = VOCAB, device=None):
     except Exception as e:  # noqa: BLE001
         raise RuntimeError(f"not run: fla/transformers import failed: {type(e).__name__}: {e}") from e
     from falcon_lab.models import SIZE_PRESETS
+    from falcon_lab.models.decoder import swiglu_hidden
 
     p = SIZE_PRESETS[size]
+    # same width, depth, heads, tied embeddings and SwiGLU width as the platform's model (ours); logits are
+    # returned (no fused loss) so the loss is computed exactly as for the platform's models
     cfg = DeltaNetConfig(hidden_size=p["d_model"], num_hidden_layers=p["n_layers"], num_heads=p["n_heads"],
-                         vocab_size=vocab, tie_word_embeddings=True, fuse_cross_entropy=False)
+                         vocab_size=vocab, tie_word_embeddings=True, hidden_ratio=None,
+                         intermediate_size=swiglu_hidden(p["d_model"]), use_cache=False,
+                         fuse_cross_entropy=False, fuse_linear_cross_entropy=False)
     return DeltaNetForCausalLM(cfg)
 
 
