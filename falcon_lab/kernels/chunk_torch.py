@@ -109,6 +109,7 @@ def core_chunk(
         # decay-and-step matrix of the read-out: Dr[i, s] = [s ≤ i] e^{u^r_i - u_s} η_s
         Dr = _masked_exp(u_read[..., :, None] - u[..., None, :], m_read) * ec[..., None, :]
         u_last = u[..., -1]  # [B, H, N]
+        dec_last = u_last.exp()[..., None, None]  # decay of S across a whole chunk
         w_end = (u_last[..., None] - u).exp() * ec  # weight of step s in S_out
         decay_q = u_read.exp()[..., None] * qc
         outs = []
@@ -122,7 +123,6 @@ def core_chunk(
                 M, m_end = Dr @ band, w_end @ band
             o_intra = ((qc @ xs.transpose(-1, -2)) * M) @ vs
             kv = xs.transpose(-1, -2) @ (m_end[..., None] * vs)  # [B, H, N, K, V]
-            dec_last = u_last.exp()[..., None, None]
             for o_n, dq_n, dl_n, kv_n in zip(_chunks(o_intra), _chunks(decay_q), _chunks(dec_last), _chunks(kv)):
                 outs.append(o_n + dq_n @ S)
                 S = dl_n * S + kv_n
@@ -139,7 +139,6 @@ def core_chunk(
             Um, Wm = sol[..., :V], sol[..., V:]
             Pm = (qc @ Xp.transpose(-1, -2)) * _rep(Dr, W, -1)  # [B, H, N, C, CW]
             Xw_end = Xp * _rep(w_end, W, -1)[..., None]
-            dec_last = u_last.exp()[..., None, None]
             XwT = Xw_end.transpose(-1, -2)
             for U_n, W_n, dq_n, P_n, dl_n, X_n in zip(_chunks(Um), _chunks(Wm), _chunks(decay_q),
                                                       _chunks(Pm), _chunks(dec_last), _chunks(XwT)):
@@ -162,9 +161,9 @@ def _per_column(qc, xs, vs, ec, u, u_prev, u_read, m_read, m_strict, S, delta):
     w_end = (u[..., -1:, :] - u).exp() * ec  # [B,H,N,C,V]
     decay_last = u[..., -1, :].exp()[..., None, :]  # [B,H,N,1,V]
     q_dec = u_read.exp()  # [B,H,N,C,V]
-    vcol = vs.transpose(-1, -2)[..., None]  # [B,H,N,V,C,1]
     outs = []
     if not delta:
+        vcol = vs.transpose(-1, -2)[..., None]  # [B,H,N,V,C,1]
         o_intra = (AD @ vcol)[..., 0].transpose(-1, -2)  # [B,H,N,C,V]
         kv = xs.transpose(-1, -2) @ (w_end * vs)  # [B,H,N,K,V]
         for qd_n, q_n, dl_n, kv_n in zip(_chunks(q_dec), _chunks(qc), _chunks(decay_last), _chunks(kv)):
