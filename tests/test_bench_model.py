@@ -141,3 +141,22 @@ def test_bench_model_runs_accumulate(tmp_path):
     assert "--out" in str(e.value.code) and "tokens_per_step" in str(e.value.code)
     bench_main(base + ["--mixers", "falcon-1", "--fresh"])
     assert {r["mixer"] for r in json.loads((out / "model_cpu.json").read_text())["rows"]} == {"falcon-1"}
+
+
+def test_decode_speedup_table_compares_eager_with_eager():
+    """The decode speed-up over the Transformer uses eager rows only; `+graph` rows (a --cuda-graphs run)
+    stay in the latency table but not in the eager-vs-eager ratio."""
+    from falcon_lab.benchmarking.model import markdown
+
+    def row(m, c, v):
+        return {"mixer": m, "variant": None, "preset": None, "seq_len": c, "batch": 16,
+                "metric": "decode_ms_per_token", "value": v, "unit": "ms"}
+    res = {"gpu": "g", "torch": "t", "triton": "x", "commit": "abc", "size": "small",
+           "rows": [row("transformer", 1024, 3.0), row("transformer", 16384, 9.0),
+                    row("falcon-1A", 1024, 3.0), row("falcon-1A", 16384, 3.0),
+                    row("falcon-1A+graph", 1024, 0.5), row("falcon-1A+graph", 16384, 0.5)]}
+    md = markdown(res)
+    part = md.split("## Decode speed-up over the Transformer's KV-cache decode (eager vs eager)")[1]
+    assert "| falcon-1A | 1.00x | 3.00x |" in part
+    assert "falcon-1A+graph" not in part
+    assert "| falcon-1A+graph | 0.5 | 0.5 |" in md

@@ -34,16 +34,17 @@ ROWS = {
 }
 
 # Scales (see PLAN.md). "paper" = the authors' config (§9.2 of the reference): small model, batch 512,
-# 2000 steps, lr 1e-4 muP base, warm-up 200, eval every 100. "h200" = the same protocol at a size
-# whose rows fit the device sessions (ours). "cpu" = a smoke run of the pipeline (widths 1-8, OOD 9-12).
+# 2000 steps, lr 1e-4 muP base, warm-up 200, eval every 100. "h200" = the same protocol, optimiser,
+# batch 256 and step count with a 4 x 256 model (2 heads x 128), so that every row fits the device
+# sessions with several rows sharing the GPU (ours). "cpu" = a smoke run of the pipeline (widths 1-8, OOD 9-12).
 SCALES = {
     "paper": ["model=small", "trainer=gpu", "optim=paper", "optim.lr=1e-4", "optim.min_lr_ratio=0.05",
               "optim.warmup_steps=200", "data.batch_size=512", "trainer.max_steps=2000",
               "trainer.val_check_interval=100", "addition_eval.every_n_steps=100"],
-    "h200": ["model=small", "model.n_layers=6", "model.d_model=512", "model.n_heads=4", "trainer=gpu",
-             "optim=paper", "optim.lr=1e-4", "optim.min_lr_ratio=0.05", "optim.warmup_steps=200",
+    "h200": ["model=small", "model.n_layers=4", "model.d_model=256", "model.n_heads=2", "model.head_dim=128",
+             "trainer=gpu", "optim=paper", "optim.lr=1e-4", "optim.min_lr_ratio=0.05", "optim.warmup_steps=200",
              "data.batch_size=256", "trainer.max_steps=2000", "trainer.val_check_interval=100",
-             "addition_eval.every_n_steps=100"],
+             "addition_eval.every_n_steps=100", "trainer.enable_progress_bar=false"],
     "cpu": ["data.train_widths=[1,8]", "data.ood_widths=[9,12]", "data.val_per_width=16",
             "data.seq_len=48", "data.batch_size=32", "trainer.max_steps=300", "trainer.val_check_interval=100",
             "optim.lr=3e-3", "optim.warmup_steps=30", "addition_eval.every_n_steps=100",
@@ -57,8 +58,12 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scale", choices=sorted(SCALES), default="h200")
     ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--salvage", metavar="RUN_DIR", default=None,
+                    help="write the row from a killed run's addition_history.json (marked incomplete)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args(argv)
+    if a.salvage:
+        return salvage(a.row, a.seed, a.scale, a.salvage, a.out, a.overrides)
 
     import torch
 
@@ -80,29 +85,50 @@ def main(argv=None):
     cb = callback_from_cfg(cfg, dirpath=str(run_dir))
     t0 = time.time()
     res = run(cfg, callbacks=[cb])
-    best = cb.best or {}
-    task = cb.task
+    info = {"run_id": res["run_id"], "run_dir": res["run_dir"], "tracking_uri": res["tracking_uri"],
+            "steps": res["steps"], "wall_s": time.time() - t0, "overrides": overrides, "torch": torch.__version__,
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "complete": True}
+    return write_row(a.row, a.seed, a.scale, cb.task, cb.n_examples, cb.history, cb.best, info, out)
+
+
+def write_row(row_name, seed, scale, task, n_examples, history, best, info, out: Path) -> dict:
+    """Row JSON (best step by ID validation; OOD numbers at that step) -> out/<row>_seed<S>.json."""
+    best = best or {}
     row = {
-        "row": a.row, "seed": a.seed, "scale": a.scale, "format": task.fmt,
+        "row": row_name, "seed": seed, "scale": scale, "format": task.fmt,
         "train_widths": list(task.train_widths), "ood_widths": list(task.ood_widths),
-        "n_ood_examples_per_width": cb.n_examples, "best_step": best.get("step"),
+        "n_ood_examples_per_width": n_examples, "best_step": best.get("step"),
         "val_acc": best.get("addition/val_acc"), "val_acc_heldout": best.get("addition/val_acc_heldout"),
         "ood_mean": best.get("addition/ood_mean"),
         "acc_first_ood": best.get(f"addition/acc_d{task.ood_widths[0]}"),
         "acc_last_ood": best.get(f"addition/acc_d{task.ood_widths[1]}"),
-        "history": cb.history, "run_id": res["run_id"], "run_dir": res["run_dir"],
-        "tracking_uri": res["tracking_uri"], "steps": res["steps"], "wall_s": time.time() - t0,
-        "overrides": overrides, "torch": torch.__version__,
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "last_eval_step": history[-1]["step"] if history else None,
+        "history": history, **info,
     }
-    path = out / f"{name}.json"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{row_name}_seed{seed}.json"
     path.write_text(json.dumps(row, indent=1, default=str))
     fmt = (lambda v: "-" if v is None else f"{100 * v:.1f}")
-    print(f"[addition] {a.row} seed {a.seed} ({a.scale}): best step {row['best_step']}, val {fmt(row['val_acc'])}, "
+    tag = "" if row.get("complete") else f" [INCOMPLETE: last evaluation at step {row['last_eval_step']}]"
+    print(f"[addition] {row_name} seed {seed} ({scale}): best step {row['best_step']}, val {fmt(row['val_acc'])}, "
           f"OOD mean {fmt(row['ood_mean'])}, acc@{task.ood_widths[0]} {fmt(row['acc_first_ood'])}, "
-          f"acc@{task.ood_widths[1]} {fmt(row['acc_last_ood'])}  -> {path}")
+          f"acc@{task.ood_widths[1]} {fmt(row['acc_last_ood'])}{tag}  -> {path}", flush=True)
     return row
 
+
+def salvage(row_name, seed, scale, run_dir, out, overrides=()) -> dict:
+    """Row JSON from a run killed part-way: its addition_history.json (written after every evaluation),
+    marked ``complete: false`` with the last evaluated step. Best step = best among the steps reached."""
+    from falcon_lab.evaluation.addition import callback_from_cfg
+    from falcon_lab.training import compose
+
+    h = json.loads((Path(run_dir) / "addition_history.json").read_text())
+    cfg = compose(["experiment=addition"] + ROWS[row_name] + SCALES[scale] + [f"seed={seed}"] + list(overrides))
+    cb = callback_from_cfg(cfg)
+    if h.get("format") != cb.task.fmt:
+        raise ValueError(f"{run_dir}: history format {h.get('format')!r} != config format {cb.task.fmt!r}")
+    info = {"run_dir": str(run_dir), "complete": False, "overrides": list(overrides)}
+    return write_row(row_name, seed, scale, cb.task, cb.n_examples, h["history"], h["best"], info, Path(out) / scale)
 
 if __name__ == "__main__":
     sys.exit(0 if main() else 1)

@@ -115,6 +115,12 @@ def mixer_labels(name: str, cfg) -> dict:
     return {"mixer": name, "variant": None, "preset": None}
 
 
+def _label(name: str, cuda_graphs: bool) -> str:
+    """Row label: `<mixer>+graph` for a --cuda-graphs run (ours), so graph and eager decode rows of one
+    mixer live side by side in one results file, table and plot (eager-vs-eager comparisons stay fair)."""
+    return f"{name}+graph" if cuda_graphs else name
+
+
 # ---------------------------------------------------------------------------------------------------
 class _Timer:
     """Wall-clock seconds of a region: CUDA events on CUDA, perf_counter (after sync) elsewhere."""
@@ -396,6 +402,7 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=3276
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     jpath = outdir / f"model_{slug}.json"
+    graphs = bool(cuda_graphs and device.type == "cuda")  # rows labelled <mixer>+graph (CPU: eager anyway)
     if jpath.exists() and not fresh:
         # ours: runs accumulate. Rows of mixers not measured now are kept (each row carries its commit),
         # so a long run split by --mixers, or an interrupted one re-run for the missing mixers, ends in
@@ -408,10 +415,11 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=3276
             if old.get(key) != res[key]:
                 raise ValueError(f"--out: {jpath} holds {key}={old.get(key)!r}, this run has {res[key]!r}; "
                                  "use another --out or --fresh")
-        res["rows"] = [r for r in old.get("rows", []) if r.get("mixer") not in mixers]
+        labelled = {_label(n, graphs) for n in mixers}
+        res["rows"] = [r for r in old.get("rows", []) if r.get("mixer") not in labelled]
     for name in mixers:
         cfg = None
-        labels = {"mixer": name, "variant": None, "preset": None}
+        labels = {"mixer": _label(name, graphs), "variant": None, "preset": None}
         mrows = []
 
         def add(seq_len, batch, metric, value, unit, **extra):
@@ -425,7 +433,7 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=3276
                 model = build_fla_deltanet(size, vocab, device)
             else:
                 model, cfg = build(name, size, vocab)
-                labels = mixer_labels(name, cfg)
+                labels = {**mixer_labels(name, cfg), "mixer": _label(name, graphs)}
             model = model.to(device)
         except RuntimeError as e:
             if str(e).startswith("not run:"):
@@ -643,6 +651,19 @@ def ratios(res) -> list[str]:
                 cells.append(f"{a / z:.2f}" if a and z else "—")
             out.append(f"| {m} | " + " | ".join(cells) + " |")
         out.append("")
+    if dec and any((r[0], r[1]) == ("transformer", "decode_ms_per_token") for r in val):
+        # same execution mode for both (the Transformer's growing KV cache runs eager): eager rows only
+        eager = [m for m in dict.fromkeys(r["mixer"] for r in res["rows"] if r["metric"] == "decode_ms_per_token")
+                 if m != "transformer" and not m.endswith("+graph")]
+        out += ["## Decode speed-up over the Transformer's KV-cache decode (eager vs eager)", "",
+                "| mixer | " + " | ".join(f"T={c} B={b}" for c, b in dec) + " |", "|---" * (len(dec) + 1) + "|"]
+        for m in eager:
+            cells = []
+            for c, b in dec:
+                a, z = val.get((m, "decode_ms_per_token", c, b)), val.get(("transformer", "decode_ms_per_token", c, b))
+                cells.append(f"{z / a:.2f}x" if a and z else "—")
+            out.append(f"| {m} | " + " | ".join(cells) + " |")
+        out.append("")
     return out
 
 
@@ -717,7 +738,7 @@ def main(a):
     return run(mixers, size=a.size, seq_lens=seq_lens, tokens_per_step=a.tokens_per_step, contexts=contexts,
                batches=batches, steps=steps, warmup=warmup, decode_steps=decode_steps, out=a.out, device=a.device,
                cuda_graphs=a.cuda_graphs, use_mlflow=a.mlflow, peak_flops=a.peak_flops, vocab=a.vocab,
-               prefill_reps=1 if a.quick else 3, fresh=a.fresh)
+               prefill_reps=a.prefill_reps or (1 if a.quick else 3), fresh=a.fresh)
 
 
 def add_parser(sub):
@@ -730,6 +751,7 @@ def add_parser(sub):
     m.add_argument("--batches", default="1,16", help="decode batch sizes")
     m.add_argument("--steps", type=int, default=None, help="timed training steps (default 10; 2 with --quick)")
     m.add_argument("--decode-steps", type=int, default=None, help="timed decode steps (default 50; 3 with --quick)")
+    m.add_argument("--prefill-reps", type=int, default=None, help="prefill repeats, median (default 3; 1 with --quick)")
     m.add_argument("--out", default="benchmarks/results")
     m.add_argument("--fresh", action="store_true", help="overwrite model_<slug>.json instead of merging rows")
     m.add_argument("--quick", action="store_true", help="fewer warm-up/timed steps (smoke runs)")

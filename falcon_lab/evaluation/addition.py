@@ -240,6 +240,21 @@ class AdditionEvalCallback(_lightning_callback_base()):
             self.best = {"step": step, **m}
         for lg in trainer.loggers:
             lg.log_metrics(m, step=step)
+        self._write()
+
+    def _write(self) -> str | None:
+        """addition_history.json in dirpath, rewritten after every evaluation so a run killed part-way
+        still leaves its history and best step so far on disk (ours)."""
+        if not self.dirpath:
+            return None
+        import os
+        os.makedirs(self.dirpath, exist_ok=True)
+        path = os.path.join(self.dirpath, "addition_history.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"format": self.task.fmt, "history": self.history, "best": self.best}, f, indent=1)
+        os.replace(tmp, path)
+        return path
 
     # the history and best step travel in Lightning checkpoints, so a resumed run keeps them
     def state_dict(self):
@@ -263,12 +278,8 @@ class AdditionEvalCallback(_lightning_callback_base()):
                       if k != "step"})
         for lg in trainer.loggers:
             lg.log_metrics(final, step=int(trainer.global_step))
-        if self.dirpath:
-            import os
-            os.makedirs(self.dirpath, exist_ok=True)
-            path = os.path.join(self.dirpath, "addition_history.json")
-            with open(path, "w") as f:
-                json.dump({"format": self.task.fmt, "history": self.history, "best": self.best}, f, indent=1)
+        path = self._write()
+        if path:
             for lg in trainer.loggers:
                 exp, run_id = getattr(lg, "experiment", None), getattr(lg, "run_id", None)
                 if run_id and hasattr(exp, "log_artifact"):

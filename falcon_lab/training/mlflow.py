@@ -50,8 +50,13 @@ def git_info() -> dict:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip() != ""
     except Exception:  # no git, or not a checkout (installed wheel)
-        return {"git_commit": "unknown", "git_dirty": "unknown"}
-    return {"git_commit": sha or "unknown", "git_dirty": str(dirty).lower() if sha else "unknown"}
+        sha, dirty = "", False
+    if not sha:
+        # a copy without .git (e.g. a tree shipped to a GPU machine): FALCON_COMMIT names the commit it
+        # was exported from (ours)
+        env = os.environ.get("FALCON_COMMIT", "").strip()
+        return {"git_commit": env or "unknown", "git_dirty": "false" if env else "unknown"}
+    return {"git_commit": sha, "git_dirty": str(dirty).lower()}
 
 
 def flatten(d, prefix="") -> dict:

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Several addition rows at once on one GPU, each its own process with its own SQLite MLflow store
+# (merged afterwards with `python -m falcon_lab.training.mlflow_merge`), all under one deadline.
+# The small h200-scale models leave most of an H200 idle, so rows share it (ours; see PLAN.md).
+#
+#   DEADLINE_S=520 RESULTS=/path/to/tarball.tgz experiments/addition/run_rows_parallel.sh \
+#       falcon_1a_3:0 transformer:0 ...
+#
+# A row still running at the deadline is stopped; its row JSON is then written from the history its
+# evaluation callback saved after every evaluation, marked "complete": false (--salvage).
+# EXTRA: more Hydra overrides for every row (space-separated).
+# Everything (row JSONs, MLflow stores with artifacts, logs; no checkpoints) goes into $RESULTS.
+set -u
+PY=${PYTHON:-python3}
+DEADLINE=${DEADLINE_S:-520}
+SCALE=${SCALE:-h200}
+WORK=${WORK:-/tmp/addition_rows}
+RESULTS=${RESULTS:-$WORK/results.tgz}
+HERE=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$WORK/res" "$WORK/ml" "$WORK/logs" "$WORK/runs"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONUNBUFFERED=1
+t0=$(date +%s)
+pids=()
+for rs in "$@"; do
+  row=${rs%:*}; seed=${rs#*:}; name=${row}_seed${seed}
+  timeout --signal=TERM --kill-after=20 "$DEADLINE" "$PY" "$HERE/run_addition.py" "$row" --seed "$seed" \
+    --scale "$SCALE" --out "$WORK/res" "run_dir=$WORK/runs/$name" \
+    "logger.tracking_uri=sqlite:///$WORK/ml/$name/mlflow.db" ${EXTRA:-} >"$WORK/logs/$name.log" 2>&1 &
+  pids+=($!)
+  sleep 2  # stagger start-up (imports, Triton compiles share one cache)
+done
+# progress: the last evaluation of each row, every 60 s
+n=0
+while kill -0 "${pids[@]}" 2>/dev/null || jobs -r | grep -q .; do
+  sleep 5; n=$((n + 1)); [ $((n % 12)) -eq 0 ] || continue
+  line="[rows +$(( $(date +%s) - t0 ))s]"
+  for rs in "$@"; do
+    name=${rs%:*}_seed${rs#*:}; h="$WORK/runs/$name/addition_history.json"
+    if [ -f "$h" ]; then
+      line+=" $name:$("$PY" -c "import json,sys;h=json.load(open(sys.argv[1]))['history'][-1];print(f\"{h['step']}/{100*h['addition/val_acc']:.0f}/{100*h.get('addition/ood_mean',0):.0f}\")" "$h" 2>/dev/null)"
+    else
+      line+=" $name:-"
+    fi
+  done
+  echo "$line"
+done
+wait
+for rs in "$@"; do
+  row=${rs%:*}; seed=${rs#*:}; name=${row}_seed${seed}
+  if [ ! -f "$WORK/res/$SCALE/$name.json" ]; then
+    echo "[rows] $name did not finish (end of its log):"; tail -c 800 "$WORK/logs/$name.log"; echo
+    if [ -f "$WORK/runs/$name/addition_history.json" ]; then
+      "$PY" "$HERE/run_addition.py" "$row" --seed "$seed" --scale "$SCALE" --out "$WORK/res" \
+        --salvage "$WORK/runs/$name" 2>&1 | tail -n 1
+    fi
+  fi
+done
+echo "[rows] wall $(( $(date +%s) - t0 )) s"
+tar czf "$RESULTS" -C "$WORK" res ml logs
+ls -la "$RESULTS"

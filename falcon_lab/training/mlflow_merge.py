@@ -1,0 +1,126 @@
+"""Copy MLflow runs from one or more stores into another: `python -m falcon_lab.training.mlflow_merge`.
+
+Why: runs that share one GPU (or one node) as separate processes are safest with one SQLite store
+each (SQLite and MLflow's migrations do not like many writers at once); afterwards their runs are
+merged into the store the team browses. A store copied from another machine still works: its
+artifact URIs point at that machine's paths, so artifacts are looked up beside the copied database
+(``<db folder>/artifacts/<run id>/artifacts``, the layout `resolve_artifact_location` gives).
+
+Each copied run keeps its name, status, start/end times, tags, params, every metric's full step
+history and its artifacts, and gets the tag ``merge.source_run_id``; copying the same store twice
+adds nothing (runs already copied are skipped). Parent/child links (sweeps) are remapped.
+
+    python -m falcon_lab.training.mlflow_merge --into sqlite:///experiments/addition/mlruns/mlflow.db \\
+        run1/mlflow.db run2/mlflow.db [--experiment addition_h200]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+SOURCE_TAG = "merge.source_run_id"
+PARENT_TAG = "mlflow.parentRunId"
+
+
+def _uri(s: str) -> str:
+    if "://" in s:
+        return s
+    p = Path(s).resolve()
+    if not p.exists():
+        raise FileNotFoundError(f"mlflow_merge: no store at {p}")
+    return f"sqlite:///{p}"
+
+
+def _local_artifacts(run, src_uri: str) -> Path | None:
+    """The folder holding a source run's artifacts on this machine, or None."""
+    uri = run.info.artifact_uri or ""
+    if uri.startswith("file:") or uri.startswith("/"):
+        p = Path(urlparse(uri).path if uri.startswith("file:") else uri)
+        if p.is_dir():
+            return p
+    if src_uri.startswith("sqlite:///"):
+        p = Path(src_uri[len("sqlite:///"):]).parent / "artifacts" / run.info.run_id / "artifacts"
+        if p.is_dir():
+            return p
+    return None
+
+
+def _chunks(xs, n):
+    for i in range(0, len(xs), n):
+        yield xs[i:i + n]
+
+
+def copy_runs(src_uri: str, dst_uri: str, experiment_name: str | None = None, verbose: bool = True) -> list:
+    """Copy every run of every non-empty experiment of `src_uri` into `dst_uri` (into `experiment_name`
+    if given, else an experiment of the same name). Returns [(src_run_id, dst_run_id or None if skipped)]."""
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    from falcon_lab.training.mlflow import resolve_artifact_location
+
+    src, dst = MlflowClient(src_uri), MlflowClient(dst_uri)
+    out = []
+    for exp in src.search_experiments():
+        runs = src.search_runs([exp.experiment_id], max_results=50000)
+        if not runs:
+            continue
+        name = experiment_name or exp.name
+        dexp = dst.get_experiment_by_name(name)
+        dexp_id = dexp.experiment_id if dexp else dst.create_experiment(
+            name, artifact_location=resolve_artifact_location(dst_uri))
+        done = {r.data.tags[SOURCE_TAG]: r.info.run_id
+                for r in dst.search_runs([dexp_id], max_results=50000) if SOURCE_TAG in r.data.tags}
+        # parents before children, so parent ids can be remapped
+        runs.sort(key=lambda r: (PARENT_TAG in r.data.tags, r.info.start_time or 0))
+        for r in runs:
+            rid = r.info.run_id
+            if rid in done:
+                out.append((rid, None))
+                continue
+            tags = {k: v for k, v in r.data.tags.items() if k != PARENT_TAG}
+            tags[SOURCE_TAG] = rid
+            if PARENT_TAG in r.data.tags:
+                tags[PARENT_TAG] = done.get(r.data.tags[PARENT_TAG], r.data.tags[PARENT_TAG])
+            new = dst.create_run(dexp_id, start_time=r.info.start_time, tags=tags, run_name=r.info.run_name)
+            nid = new.info.run_id
+            params = [Param(k, v) for k, v in r.data.params.items()]
+            for ch in _chunks(params, 100):
+                dst.log_batch(nid, params=ch)
+            metrics = []
+            for key in r.data.metrics:
+                metrics += [Metric(m.key, m.value, m.timestamp, m.step) for m in src.get_metric_history(rid, key)]
+            for ch in _chunks(metrics, 1000):
+                dst.log_batch(nid, metrics=ch)
+            art = _local_artifacts(r, src_uri)
+            if art is not None and any(art.iterdir()):
+                dst.log_artifacts(nid, str(art))
+            dst.set_terminated(nid, status=r.info.status, end_time=r.info.end_time)
+            done[rid] = nid
+            out.append((rid, nid))
+            if verbose:
+                print(f"[mlflow_merge] {exp.name}/{r.info.run_name or rid} -> {name} ({nid}); "
+                      f"{len(params)} params, {len(metrics)} metric points"
+                      + ("" if art is not None else ", no artifacts found"), flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sources", nargs="+", help="source stores: mlflow.db paths or tracking URIs")
+    ap.add_argument("--into", required=True, help="destination tracking URI or mlflow.db path")
+    ap.add_argument("--experiment", default=None, help="put every run into this experiment")
+    a = ap.parse_args(argv)
+    dst = a.into if "://" in a.into else f"sqlite:///{Path(a.into).resolve()}"
+    if dst.startswith("sqlite:///"):
+        Path(dst[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for s in a.sources:
+        n += sum(1 for _, nid in copy_runs(_uri(s), dst, a.experiment) if nid)
+    print(f"[mlflow_merge] copied {n} run(s) into {dst}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
