@@ -160,3 +160,27 @@ def test_decode_speedup_table_compares_eager_with_eager():
     assert "| falcon-1A | 1.00x | 3.00x |" in part
     assert "falcon-1A+graph" not in part
     assert "| falcon-1A+graph | 0.5 | 0.5 |" in md
+
+
+def test_merge_results_later_file_wins_per_mixer(tmp_path):
+    import json
+
+    from falcon_lab.benchmarking.model import merge_results
+
+    def res(rows, gpu="NVIDIA H200"):
+        return {"gpu": gpu, "torch": "t", "triton": "x", "commit": "c", "size": "small", "vocab": 50304,
+                "tokens_per_step": 32768, "rows": rows}
+
+    def row(m, v):
+        return {"mixer": m, "variant": None, "preset": None, "seq_len": 2048, "batch": 16,
+                "metric": "train_tokens_per_s", "value": v, "unit": "tokens/s", "commit": "c"}
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    a.write_text(json.dumps(res([row("falcon-1", 1.0), row("transformer", 2.0)])))
+    b.write_text(json.dumps(res([row("falcon-1", 3.0)])))
+    out = merge_results([a, b], tmp_path / "out")
+    got = {r["mixer"]: r["value"] for r in out["rows"]}
+    assert got == {"falcon-1": 3.0, "transformer": 2.0}
+    assert (tmp_path / "out" / "model_h200.json").exists() and (tmp_path / "out" / "model_h200.md").exists()
+    c.write_text(json.dumps(res([row("x", 1.0)], gpu="NVIDIA H100")))
+    with pytest.raises(ValueError, match="gpu"):
+        merge_results([a, c], tmp_path / "out2")

@@ -20,12 +20,18 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$WORK/res" "$WORK/ml" "$WORK/logs" "$WORK/runs"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONUNBUFFERED=1
 t0=$(date +%s)
+if "$PY" -c "import mlflow, sqlalchemy, alembic" >/dev/null 2>&1; then
+  mlflow_for() { echo "logger.tracking_uri=sqlite:///$WORK/ml/$1/mlflow.db"; }
+else
+  echo "[rows] MLflow is not importable here: rows run with logger=none (their JSONs still hold every evaluation)"
+  mlflow_for() { echo "logger=none"; }
+fi
 pids=()
 for rs in "$@"; do
   row=${rs%:*}; seed=${rs#*:}; name=${row}_seed${seed}
   timeout --signal=TERM --kill-after=20 "$DEADLINE" "$PY" "$HERE/run_addition.py" "$row" --seed "$seed" \
     --scale "$SCALE" --out "$WORK/res" "run_dir=$WORK/runs/$name" \
-    "logger.tracking_uri=sqlite:///$WORK/ml/$name/mlflow.db" ${EXTRA:-} >"$WORK/logs/$name.log" 2>&1 &
+    "$(mlflow_for "$name")" ${EXTRA:-} >"$WORK/logs/$name.log" 2>&1 &
   pids+=($!)
   sleep 2  # stagger start-up (imports, Triton compiles share one cache)
 done

@@ -54,9 +54,13 @@ def _commit() -> str:
 
 def gpu_slug(device: torch.device) -> str:
     """`h200` for "NVIDIA H200", `cpu` on CPU."""
-    if device.type != "cuda":
+    return name_slug(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+
+
+def name_slug(gpu_name: str) -> str:
+    if gpu_name == "cpu":
         return "cpu"
-    name = torch.cuda.get_device_name(device).lower().replace("nvidia", "").strip()
+    name = gpu_name.lower().replace("nvidia", "").strip()
     words = [w for w in "".join(c if c.isalnum() else " " for c in name).split()]
     return "_".join(words[:2]) or "cuda"
 
@@ -710,6 +714,39 @@ def plot(res, outdir: Path, slug: str) -> list[str]:
     return paths
 
 
+def merge_results(paths, out="benchmarks/results") -> dict:
+    """Merge result files of runs split across calls or machines (same GPU kind, size, vocab, tokens per
+    step): later files replace earlier rows of the same mixer label; then the Markdown and plots are
+    rewritten. The header's torch/triton/commit are the last file's; every row keeps its own commit."""
+    if not paths:
+        raise ValueError("--merge: no result files given")
+    res = None
+    for p in paths:
+        try:
+            new = json.loads(Path(p).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--merge: cannot read {p}: {e}") from None
+        if res is None:
+            res = new
+            continue
+        for key in ("size", "vocab", "tokens_per_step", "gpu"):
+            if new.get(key) != res.get(key):
+                raise ValueError(f"--merge: {p} has {key}={new.get(key)!r}, earlier files {res.get(key)!r}")
+        mixers = {r["mixer"] for r in new["rows"]}
+        rows = [r for r in res["rows"] if r["mixer"] not in mixers] + new["rows"]
+        res = {**res, **{k: v for k, v in new.items() if k != "rows"}, "rows": rows}
+    res.pop("plots", None)
+    outdir = Path(out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    slug = name_slug(res["gpu"])
+    jpath = outdir / f"model_{slug}.json"
+    (outdir / f"model_{slug}.md").write_text(markdown(res))
+    res["plots"] = plot(res, outdir, slug)
+    jpath.write_text(json.dumps(res, indent=1))
+    print(f"[bench model] merged {len(paths)} file(s), {len(res['rows'])} rows -> {jpath}")
+    return res
+
+
 def _ints(s, flag):
     try:
         return [int(x) for x in str(s).split(",") if x.strip()]
@@ -719,6 +756,8 @@ def _ints(s, flag):
 
 def main(a):
     """Entry from falcon_lab.bench (argparse namespace)."""
+    if a.merge:
+        return merge_results(a.merge, a.out)
     if a.size not in ("tiny", "small", "medium"):
         raise ValueError(f"--size: unknown size {a.size!r}; choose from tiny, small, medium")
     mixers = parse_mixers(a.mixers)
@@ -753,6 +792,8 @@ def add_parser(sub):
     m.add_argument("--decode-steps", type=int, default=None, help="timed decode steps (default 50; 3 with --quick)")
     m.add_argument("--prefill-reps", type=int, default=None, help="prefill repeats, median (default 3; 1 with --quick)")
     m.add_argument("--out", default="benchmarks/results")
+    m.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="measure nothing: merge these result files (later wins per mixer) into --out, redraw")
     m.add_argument("--fresh", action="store_true", help="overwrite model_<slug>.json instead of merging rows")
     m.add_argument("--quick", action="store_true", help="fewer warm-up/timed steps (smoke runs)")
     m.add_argument("--cuda-graphs", action="store_true", help="capture one decode step per mixer in a CUDA graph")
