@@ -4,7 +4,7 @@
 # with a .data/purelib part are flattened). Sets PYTHONPATH, FALCON_COMMIT and NVLink-multicast off.
 SITE=${SITE:-/tmp/site}
 mkdir -p "$SITE"
-for w in .whl/*.whl; do unzip -q -o "$w" -d "$SITE" & done; wait
+python3 -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" "$SITE" .whl/*.whl
 for d in "$SITE"/*.data; do
   [ -d "$d/purelib" ] && cp -r "$d/purelib/." "$SITE/"
   [ -d "$d/platlib" ] && cp -r "$d/platlib/." "$SITE/"
