@@ -91,7 +91,7 @@ def prepare(
             stat = (win ** 2).sum((-2, -1)) / count.clamp(min=1)[..., None]  # Ē_t
         else:  # "3": top eigenvalue of the W x W window Gram (zero rows add zero eigenvalues)
             gram = win.transpose(-1, -2) @ win  # [B, T, H, W, W]
-            stat = torch.linalg.eigvalsh(gram)[..., -1] / count.clamp(min=1)[..., None]  # μ_t
+            stat = torch.linalg.eigvalsh(gram.float()).to(gram.dtype)[..., -1] / count.clamp(min=1)[..., None]  # μ_t
 
     # ---- λ_t, η_t, γ_t ----------------------------------------------------------------------
     lam_c = lam.to(cd)
