@@ -91,7 +91,7 @@ def prepare(
             stat = (win ** 2).sum((-2, -1)) / count.clamp(min=1)[..., None]  # Ē_t
         else:  # "3": top eigenvalue of the W x W window Gram (zero rows add zero eigenvalues)
             gram = win.transpose(-1, -2) @ win  # [B, T, H, W, W]
-            stat = torch.linalg.eigvalsh(gram.float()).to(gram.dtype)[..., -1] / count.clamp(min=1)[..., None]  # μ_t
+            stat = _largest_eig(gram) / count.clamp(min=1)[..., None]  # μ_t
 
     # ---- λ_t, η_t, γ_t ----------------------------------------------------------------------
     lam_c = lam.to(cd)
@@ -117,3 +117,16 @@ def prepare(
     if windowed:
         eta = eta / count.clamp(min=1)[..., None]
     return CoreInputs(xw=xw, vw=vw, eta=eta, g=g, stat=stat)
+
+
+def _largest_eig(gram: torch.Tensor, max_batch: int = 32768) -> torch.Tensor:
+    """Largest eigenvalue of each symmetric [.., B, B] matrix, exact (eigvalsh). In fp32 at least (CUDA
+    has no bf16 eigh) and in batches of at most `max_batch` matrices: cuSOLVER's batched syevj failed
+    with CUSOLVER_STATUS_INTERNAL_ERROR on the H200 once a call held ~1e5 matrices (ours)."""
+    g = gram if gram.dtype in (torch.float32, torch.float64) else gram.float()
+    flat = g.reshape(-1, g.shape[-2], g.shape[-1])
+    if flat.shape[0] <= max_batch:
+        top = torch.linalg.eigvalsh(flat)[..., -1]
+    else:
+        top = torch.cat([torch.linalg.eigvalsh(c)[..., -1] for c in flat.split(max_batch)])
+    return top.reshape(g.shape[:-2]).to(gram.dtype)
