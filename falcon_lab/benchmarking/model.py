@@ -589,9 +589,14 @@ TABLES = [("train_tokens_per_s", "Training tokens/s (fwd+bwd+AdamW)"),
           ("state_bytes_per_seq", "State / KV-cache bytes per sequence")]
 
 
+def _commit_label(res) -> str:
+    c = str(res.get("commit", ""))
+    return c if " " in c else c[:12]  # a merged file lists every commit its rows came from
+
+
 def markdown(res) -> str:
     lines = [f"# Whole-model benchmark ({res['gpu']}, torch {res['torch']}, triton {res['triton']}, "
-             f"commit {res['commit'][:12]}, size {res['size']})", ""]
+             f"commit {_commit_label(res)}, size {res['size']})", ""]
     mixers = list(dict.fromkeys(r["mixer"] for r in res["rows"]))
     for metric, title in TABLES:
         rows = [r for r in res["rows"] if r["metric"] == metric]
@@ -634,7 +639,7 @@ def ratios(res) -> list[str]:
             continue
         out += [f"## Training tokens/s relative to {ref}", "", "| mixer | " + " | ".join(f"T={t}" for t, _ in tr) + " |",
                 "|---" * (len(tr) + 1) + "|"]
-        for m in falcons:
+        for m in [f for f in falcons if any((f, "train_tokens_per_s", t, b) in val for t, b in tr)]:
             cells = []
             for t, b in tr:
                 a, r = val.get((m, "train_tokens_per_s", t, b)), val.get((ref, "train_tokens_per_s", t, b))
@@ -704,7 +709,7 @@ def plot(res, outdir: Path, slug: str) -> list[str]:
                 ax.set_title(f"batch {b}", fontsize=9)
             ax.grid(alpha=0.3)
         axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-        fig.suptitle(f"{title} — {res['gpu']} · torch {res['torch']} · {res['commit'][:10]} · {res['size']}",
+        fig.suptitle(f"{title} — {res['gpu']} · torch {res['torch']} · {_commit_label(res)} · {res['size']}",
                      fontsize=9)
         fig.tight_layout()
         p = outdir / f"model_{slug}_{metric}.png"
@@ -736,6 +741,8 @@ def merge_results(paths, out="benchmarks/results") -> dict:
         rows = [r for r in res["rows"] if r["mixer"] not in mixers] + new["rows"]
         res = {**res, **{k: v for k, v in new.items() if k != "rows"}, "rows": rows}
     res.pop("plots", None)
+    res["commit"] = " ".join(dict.fromkeys(str(r.get("commit")).split("-")[0][:7] for r in res["rows"]
+                                          if r.get("commit")))  # every commit the rows came from
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     slug = name_slug(res["gpu"])

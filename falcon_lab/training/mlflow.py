@@ -43,6 +43,11 @@ def ui_command(uri: str) -> str:
 
 
 def git_info() -> dict:
+    """{"git_commit", "git_dirty"}. FALCON_COMMIT, when set, wins (ours): a tree shipped to another
+    machine (e.g. a GPU box) may carry no .git, or a stale one that reports the wrong commit."""
+    env = os.environ.get("FALCON_COMMIT", "").strip()
+    if env:
+        return {"git_commit": env, "git_dirty": "false"}
     root = Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
@@ -52,10 +57,7 @@ def git_info() -> dict:
     except Exception:  # no git, or not a checkout (installed wheel)
         sha, dirty = "", False
     if not sha:
-        # a copy without .git (e.g. a tree shipped to a GPU machine): FALCON_COMMIT names the commit it
-        # was exported from (ours)
-        env = os.environ.get("FALCON_COMMIT", "").strip()
-        return {"git_commit": env or "unknown", "git_dirty": "false" if env else "unknown"}
+        return {"git_commit": "unknown", "git_dirty": "unknown"}
     return {"git_commit": sha, "git_dirty": str(dirty).lower()}
 
 
