@@ -88,20 +88,23 @@ def main(argv=None):
     info = {"run_id": res["run_id"], "run_dir": res["run_dir"], "tracking_uri": res["tracking_uri"],
             "steps": res["steps"], "wall_s": time.time() - t0, "overrides": overrides, "torch": torch.__version__,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "complete": True}
-    return write_row(a.row, a.seed, a.scale, cb.task, cb.n_examples, cb.history, cb.best, info, out)
+    t = cb.task
+    return write_row(a.row, a.seed, a.scale, t.fmt, t.train_widths, t.ood_widths, cb.n_examples, cb.history,
+                     cb.best, info, out)
 
 
-def write_row(row_name, seed, scale, task, n_examples, history, best, info, out: Path) -> dict:
+def write_row(row_name, seed, scale, fmt_name, train_widths, ood_widths, n_examples, history, best, info,
+              out: Path) -> dict:
     """Row JSON (best step by ID validation; OOD numbers at that step) -> out/<row>_seed<S>.json."""
     best = best or {}
+    lo, hi = int(ood_widths[0]), int(ood_widths[1])
     row = {
-        "row": row_name, "seed": seed, "scale": scale, "format": task.fmt,
-        "train_widths": list(task.train_widths), "ood_widths": list(task.ood_widths),
+        "row": row_name, "seed": seed, "scale": scale, "format": fmt_name,
+        "train_widths": [int(w) for w in train_widths], "ood_widths": [lo, hi],
         "n_ood_examples_per_width": n_examples, "best_step": best.get("step"),
         "val_acc": best.get("addition/val_acc"), "val_acc_heldout": best.get("addition/val_acc_heldout"),
         "ood_mean": best.get("addition/ood_mean"),
-        "acc_first_ood": best.get(f"addition/acc_d{task.ood_widths[0]}"),
-        "acc_last_ood": best.get(f"addition/acc_d{task.ood_widths[1]}"),
+        "acc_first_ood": best.get(f"addition/acc_d{lo}"), "acc_last_ood": best.get(f"addition/acc_d{hi}"),
         "last_eval_step": history[-1]["step"] if history else None,
         "history": history, **info,
     }
@@ -111,24 +114,25 @@ def write_row(row_name, seed, scale, task, n_examples, history, best, info, out:
     fmt = (lambda v: "-" if v is None else f"{100 * v:.1f}")
     tag = "" if row.get("complete") else f" [INCOMPLETE: last evaluation at step {row['last_eval_step']}]"
     print(f"[addition] {row_name} seed {seed} ({scale}): best step {row['best_step']}, val {fmt(row['val_acc'])}, "
-          f"OOD mean {fmt(row['ood_mean'])}, acc@{task.ood_widths[0]} {fmt(row['acc_first_ood'])}, "
-          f"acc@{task.ood_widths[1]} {fmt(row['acc_last_ood'])}{tag}  -> {path}", flush=True)
+          f"OOD mean {fmt(row['ood_mean'])}, acc@{lo} {fmt(row['acc_first_ood'])}, "
+          f"acc@{hi} {fmt(row['acc_last_ood'])}{tag}  -> {path}", flush=True)
     return row
 
 
 def salvage(row_name, seed, scale, run_dir, out, overrides=()) -> dict:
     """Row JSON from a run killed part-way: its addition_history.json (written after every evaluation),
-    marked ``complete: false`` with the last evaluated step. Best step = best among the steps reached."""
-    from falcon_lab.evaluation.addition import callback_from_cfg
+    marked ``complete: false`` with the last evaluated step. Best step = best among the steps reached.
+    Needs only Hydra (no torch import), so many rows can be salvaged quickly."""
     from falcon_lab.training import compose
 
     h = json.loads((Path(run_dir) / "addition_history.json").read_text())
     cfg = compose(["experiment=addition"] + ROWS[row_name] + SCALES[scale] + [f"seed={seed}"] + list(overrides))
-    cb = callback_from_cfg(cfg)
-    if h.get("format") != cb.task.fmt:
-        raise ValueError(f"{run_dir}: history format {h.get('format')!r} != config format {cb.task.fmt!r}")
+    d = cfg.data
+    if h.get("format") != str(d.format):
+        raise ValueError(f"{run_dir}: history format {h.get('format')!r} != config format {d.format!r}")
     info = {"run_dir": str(run_dir), "complete": False, "overrides": list(overrides)}
-    return write_row(row_name, seed, scale, cb.task, cb.n_examples, h["history"], h["best"], info, Path(out) / scale)
+    return write_row(row_name, seed, scale, str(d.format), list(d.train_widths), list(d.ood_widths),
+                     int(cfg.addition_eval.n_examples), h["history"], h["best"], info, Path(out) / scale)
 
 if __name__ == "__main__":
     sys.exit(0 if main() else 1)

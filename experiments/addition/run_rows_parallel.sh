@@ -3,16 +3,19 @@
 # (merged afterwards with `python -m falcon_lab.training.mlflow_merge`), all under one deadline.
 # The small h200-scale models leave most of an H200 idle, so rows share it (ours; see PLAN.md).
 #
-#   DEADLINE_S=520 RESULTS=/path/to/tarball.tgz experiments/addition/run_rows_parallel.sh \
+#   DEADLINE_S=480 RESULTS=/path/to/tarball.tgz experiments/addition/run_rows_parallel.sh \
 #       falcon_1a_3:0 transformer:0 ...
 #
 # A row still running at the deadline is stopped; its row JSON is then written from the history its
-# evaluation callback saved after every evaluation, marked "complete": false (--salvage).
+# evaluation callback saved after every evaluation, marked "complete": false (--salvage). Calling the
+# script again on the same machine (same WORK) resumes every unfinished row from its last checkpoint
+# (written at each validation, every 100 steps at the h200 scale): a row may span several calls.
 # EXTRA: more Hydra overrides for every row (space-separated).
-# Everything (row JSONs, MLflow stores with artifacts, logs; no checkpoints) goes into $RESULTS.
+# Everything (row JSONs, MLflow stores with artifacts, logs; no checkpoints) goes into $RESULTS,
+# written once as soon as the deadline passes and again after the salvage.
 set -u
 PY=${PYTHON:-python3}
-DEADLINE=${DEADLINE_S:-520}
+DEADLINE=${DEADLINE_S:-480}
 SCALE=${SCALE:-h200}
 WORK=${WORK:-/tmp/addition_rows}
 RESULTS=${RESULTS:-$WORK/results.tgz}
@@ -26,18 +29,25 @@ else
   echo "[rows] MLflow is not importable here: rows run with logger=none (their JSONs still hold every evaluation)"
   mlflow_for() { echo "logger=none"; }
 fi
+pack() { tar czf "$RESULTS" -C "$WORK" res ml logs $(cd "$WORK" && ls runs/*/addition_history.json 2>/dev/null); }
 pids=()
 for rs in "$@"; do
   row=${rs%:*}; seed=${rs#*:}; name=${row}_seed${seed}
-  timeout --signal=TERM --kill-after=20 "$DEADLINE" "$PY" "$HERE/run_addition.py" "$row" --seed "$seed" \
+  if [ -f "$WORK/res/$SCALE/$name.json" ] && grep -q '"complete": true' "$WORK/res/$SCALE/$name.json"; then
+    echo "[rows] $name already complete"; continue
+  fi
+  resume=()
+  ck="$WORK/runs/$name/checkpoints/last.ckpt"
+  [ -f "$ck" ] && resume=("ckpt_path=$ck") && echo "[rows] $name resumes from $ck"
+  timeout --signal=TERM --kill-after=15 "$DEADLINE" "$PY" "$HERE/run_addition.py" "$row" --seed "$seed" \
     --scale "$SCALE" --out "$WORK/res" "run_dir=$WORK/runs/$name" \
-    "$(mlflow_for "$name")" ${EXTRA:-} >"$WORK/logs/$name.log" 2>&1 &
+    "$(mlflow_for "$name")" "${resume[@]}" ${EXTRA:-} >>"$WORK/logs/$name.log" 2>&1 &
   pids+=($!)
   sleep 2  # stagger start-up (imports, Triton compiles share one cache)
 done
-# progress: the last evaluation of each row, every 60 s
+# progress: the last evaluation of each row (step/ID val %/OOD mean %), every 60 s
 n=0
-while kill -0 "${pids[@]}" 2>/dev/null || jobs -r | grep -q .; do
+while [ ${#pids[@]} -gt 0 ] && kill -0 "${pids[@]}" 2>/dev/null; do
   sleep 5; n=$((n + 1)); [ $((n % 12)) -eq 0 ] || continue
   line="[rows +$(( $(date +%s) - t0 ))s]"
   for rs in "$@"; do
@@ -51,16 +61,18 @@ while kill -0 "${pids[@]}" 2>/dev/null || jobs -r | grep -q .; do
   echo "$line"
 done
 wait
+pack
 for rs in "$@"; do
   row=${rs%:*}; seed=${rs#*:}; name=${row}_seed${seed}
-  if [ ! -f "$WORK/res/$SCALE/$name.json" ]; then
-    echo "[rows] $name did not finish (end of its log):"; tail -c 800 "$WORK/logs/$name.log"; echo
+  if ! { [ -f "$WORK/res/$SCALE/$name.json" ] && grep -q '"complete": true' "$WORK/res/$SCALE/$name.json"; }; then
+    echo "[rows] $name did not finish (end of its log):"; tail -c 600 "$WORK/logs/$name.log"; echo
     if [ -f "$WORK/runs/$name/addition_history.json" ]; then
       "$PY" "$HERE/run_addition.py" "$row" --seed "$seed" --scale "$SCALE" --out "$WORK/res" \
-        --salvage "$WORK/runs/$name" 2>&1 | tail -n 1
+        --salvage "$WORK/runs/$name" 2>&1 | tail -n 1 &
     fi
   fi
 done
+wait
 echo "[rows] wall $(( $(date +%s) - t0 )) s"
-tar czf "$RESULTS" -C "$WORK" res ml logs
+pack
 ls -la "$RESULTS"
