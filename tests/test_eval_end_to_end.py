@@ -141,6 +141,11 @@ def test_addition_callback_logs_best_step(trained):
     ck = torch.load(res["last_ckpt_path"], map_location="cpu", weights_only=False)
     states = [v for k, v in ck["callbacks"].items() if "AdditionEvalCallback" in k]
     assert states and [h["step"] for h in states[0]["history"]] == [2, 4]
+    # per-width accuracies ride along for the per-width plot; the file on disk matches the checkpoint
+    assert set(states[0]["history"][-1]["ood_by_width"]) == {"33", "48"}
+    assert set(states[0]["history"][-1]["val_by_width"]) == {"1", "2", "3"}
+    on_disk = json.loads((tmp / "add_run" / "addition_history.json").read_text())
+    assert [h["step"] for h in on_disk["history"]] == [2, 4]
     fresh = callback_from_cfg(cfg)
     fresh.load_state_dict(states[0])
     assert fresh.best["step"] == r.data.metrics["addition/best_step"]
@@ -228,3 +233,30 @@ def test_evaluate_finds_run_by_run_dir_or_creates_one(trained, tmp_path):
     assert run.data.tags["eval.source_ckpt"] == str(elsewhere.resolve())
     assert run.data.tags.get("mixer") == "falcon" and run.info.status == "FINISHED"
     assert "mqar/acc_mean" in run.data.metrics
+
+
+def test_addition_report_table_marks_incomplete_rows_and_plots(tmp_path):
+    """experiments/addition/report.py: seeds aggregated (mean, range), incomplete runs starred with
+    their last step, per-width plot from the best step's ood_by_width."""
+    import importlib.util
+    import json
+    path = Path(__file__).resolve().parents[1] / "experiments" / "addition" / "report.py"
+    spec = importlib.util.spec_from_file_location("addition_report", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    d = tmp_path / "h200"
+    d.mkdir()
+
+    def row(name, seed, ood, complete, last):
+        hist = [{"step": 100, "addition/val_acc": 0.9, "ood_by_width": {"33": ood, "34": ood / 2}}]
+        return {"row": name, "seed": seed, "format": "paper", "ood_widths": [33, 48], "best_step": 100,
+                "val_acc": 0.9, "ood_mean": ood, "acc_first_ood": ood, "acc_last_ood": 0.0,
+                "complete": complete, "last_eval_step": last, "history": hist}
+    (d / "falcon_1a_3_seed0.json").write_text(json.dumps(row("falcon_1a_3", 0, 0.5, True, 2000)))
+    (d / "falcon_1a_3_seed1.json").write_text(json.dumps(row("falcon_1a_3", 1, 0.7, False, 900)))
+    assert mod.main(["--scale", "h200", "--results", str(tmp_path)]) == 0
+    md = (d / "table.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("| Falcon-1A.3"))
+    assert "0, 1*" in line and "60.0 (50.0–70.0)" in line and "stopped at step 900" in line
+    assert "85.9 / 100.0 / 69.0" in line
+    assert (d / "per_width.png").stat().st_size > 0

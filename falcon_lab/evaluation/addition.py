@@ -235,9 +235,11 @@ class AdditionEvalCallback(_lightning_callback_base()):
         if hasattr(pl_module, "train"):
             pl_module.train()
         m = res.metrics()
-        self.history.append({"step": step, **m})
+        widths = {"val_by_width": {str(w): sc.exact for w, sc in res.val.items()},
+                  "ood_by_width": {str(w): sc.exact for w, sc in res.ood.items()}}  # for per-width plots
+        self.history.append({"step": step, **m, **widths})
         if self.best is None or m["addition/val_acc"] >= self.best["addition/val_acc"]:
-            self.best = {"step": step, **m}
+            self.best = {"step": step, **m, **widths}
         for lg in trainer.loggers:
             lg.log_metrics(m, step=step)
         self._write()
@@ -275,7 +277,7 @@ class AdditionEvalCallback(_lightning_callback_base()):
             return
         final = {"addition/best_step": float(self.best["step"])}
         final.update({k.replace("addition/", "addition/best/"): v for k, v in self.best.items()
-                      if k != "step"})
+                      if k.startswith("addition/")})
         for lg in trainer.loggers:
             lg.log_metrics(final, step=int(trainer.global_step))
         path = self._write()
