@@ -184,3 +184,14 @@ def test_merge_results_later_file_wins_per_mixer(tmp_path):
     c.write_text(json.dumps(res([row("x", 1.0)], gpu="NVIDIA H100")))
     with pytest.raises(ValueError, match="gpu"):
         merge_results([a, c], tmp_path / "out2")
+
+
+def test_bench_model_chunked_prefill_rows(tmp_path):
+    """--prefill-chunk prefills in segments with the state carried; its rows say so. A bad value is named."""
+    out, res = _run(tmp_path, "--prefill-chunk", "48", "--seq-lens", "")
+    pre = [r for r in res["rows"] if r["metric"] == "prefill_s"]
+    assert pre and all(r["prefill_chunk"] == 48 and r["value"] > 0 for r in pre)
+    assert not [r for r in res["rows"] if r.get("error")]
+    with pytest.raises(SystemExit) as e:
+        _run(tmp_path, "--prefill-chunk", "0")
+    assert "--prefill-chunk" in str(e.value.code)

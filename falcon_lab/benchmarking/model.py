@@ -235,19 +235,16 @@ def state_bytes(state) -> int:
 
 
 @torch.no_grad()
-def prefill(model, ids):
-    """Decoder.prefill's block loop (each block's parallel/chunked forward returning its state), but the
-    LM head only on the last position (ours, as serving engines do: full-context logits at 64k x 16 rows
-    x 50304 would need ~100 GB and measure the head, not the mixer). Returns (last logits [B, V], state)."""
+def prefill(model, ids, chunk_tokens: int | None = None):
+    """`Decoder.prefill` with the LM head on the last position only (ours, as serving engines do: full-context
+    logits at 64k x 16 rows x 50304 would need ~100 GB and measure the head, not the mixer), optionally in
+    segments of `chunk_tokens` positions with the state carried (bounded activation memory). Returns
+    (last logits [B, V], state)."""
     if not hasattr(model, "blocks"):
         logits, state = model.prefill(ids)
         return logits[:, -1], state
-    x = model.embed(ids)
-    state = []
-    for blk, st in zip(model.blocks, model.init_state(ids.shape[0], ids.device)):
-        x, st = blk(x, state=st, return_state=True)
-        state.append(st)
-    return model.logits(x[:, -1:])[:, 0], state
+    logits, state = model.prefill(ids, chunk_tokens=chunk_tokens, last_only=True)
+    return logits[:, -1], state
 
 
 class _GraphStep:
@@ -314,7 +311,8 @@ def check_static_step(old, new):
 
 
 @torch.no_grad()
-def bench_decode(model, device, ctx, batch, steps, warmup, vocab, bf16=True, prefill_reps=1, cuda_graphs=False):
+def bench_decode(model, device, ctx, batch, steps, warmup, vocab, bf16=True, prefill_reps=1, cuda_graphs=False,
+                 prefill_chunk=None):
     """Prefill `ctx` tokens for `batch` rows (median seconds over repeats), then greedy per-token decode
     latency (median ms over `steps`). Returns a dict."""
     model.eval()
@@ -326,7 +324,7 @@ def bench_decode(model, device, ctx, batch, steps, warmup, vocab, bf16=True, pre
         if device.type == "cuda":
             torch.cuda.empty_cache()
         with _Timer(device) as t, _autocast(device, bf16):
-            last, state = prefill(model, ids)
+            last, state = prefill(model, ids, prefill_chunk)
         times.append(t.s)
     out = {"prefill_s": statistics.median(times), "prefill_tokens_per_s": batch * ctx / statistics.median(times),
            "state_bytes_per_seq": state_bytes(state) / batch}
@@ -381,7 +379,7 @@ def _cleanup(device):
 
 def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=32768, contexts=(1024, 4096, 16384, 65536),
         batches=(1, 16), steps=10, warmup=3, decode_steps=50, out="benchmarks/results", device=None,
-        cuda_graphs=False, use_mlflow=False, peak_flops=None, vocab=VOCAB, prefill_reps=2, bf16=True,
+        cuda_graphs=False, use_mlflow=False, peak_flops=None, vocab=VOCAB, prefill_reps=2, bf16=True, prefill_chunk=None,
         tracking_uri=None, verbose=True, fresh=False):
     """Run the benchmark; writes model_<slug>.json after every mixer, PNG plots and model_<slug>.md.
     Returns the result dict."""
@@ -402,7 +400,7 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=3276
     res = {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "torch": torch.__version__, "triton": triton_v, "commit": _commit(), "size": size,
            "vocab": vocab, "tokens_per_step": tokens_per_step, "bf16_autocast": bool(bf16 and device.type == "cuda"),
-           "peak_flops": peak, "cuda_graphs": bool(cuda_graphs), "rows": []}
+           "peak_flops": peak, "cuda_graphs": bool(cuda_graphs), "prefill_chunk": prefill_chunk, "rows": []}
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     jpath = outdir / f"model_{slug}.json"
@@ -481,12 +479,15 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=3276
                 for b in batches:
                     try:
                         r = bench_decode(model, device, ctx, b, decode_steps, warmup, vocab, bf16, prefill_reps,
-                                         cuda_graphs)
+                                         cuda_graphs, prefill_chunk)
                         extra = {"decode_mode": r["decode_mode"]}
+                        if prefill_chunk:
+                            extra["prefill_chunk"] = int(prefill_chunk)
                         if "cuda_graph_fallback" in r:
                             extra["cuda_graph_fallback"] = r["cuda_graph_fallback"]
-                        add(ctx, b, "prefill_s", r["prefill_s"], "s")
-                        add(ctx, b, "prefill_tokens_per_s", r["prefill_tokens_per_s"], "tokens/s")
+                        pc = {"prefill_chunk": int(prefill_chunk)} if prefill_chunk else {}
+                        add(ctx, b, "prefill_s", r["prefill_s"], "s", **pc)
+                        add(ctx, b, "prefill_tokens_per_s", r["prefill_tokens_per_s"], "tokens/s", **pc)
                         add(ctx, b, "decode_ms_per_token", r["decode_ms_per_token"], "ms", **extra)
                         add(ctx, b, "decode_tokens_per_s", r["decode_tokens_per_s"], "tokens/s", **extra)
                         add(ctx, b, "state_bytes_per_seq", r["state_bytes_per_seq"], "bytes",
@@ -767,6 +768,8 @@ def main(a):
         return merge_results(a.merge, a.out)
     if a.size not in ("tiny", "small", "medium"):
         raise ValueError(f"--size: unknown size {a.size!r}; choose from tiny, small, medium")
+    if a.prefill_chunk is not None and a.prefill_chunk < 1:
+        raise ValueError(f"--prefill-chunk: must be >= 1, got {a.prefill_chunk}")
     mixers = parse_mixers(a.mixers)
     seq_lens = _ints(a.seq_lens, "--seq-lens")
     contexts = _ints(a.contexts, "--contexts")
@@ -784,7 +787,7 @@ def main(a):
     return run(mixers, size=a.size, seq_lens=seq_lens, tokens_per_step=a.tokens_per_step, contexts=contexts,
                batches=batches, steps=steps, warmup=warmup, decode_steps=decode_steps, out=a.out, device=a.device,
                cuda_graphs=a.cuda_graphs, use_mlflow=a.mlflow, peak_flops=a.peak_flops, vocab=a.vocab,
-               prefill_reps=a.prefill_reps or (1 if a.quick else 3), fresh=a.fresh)
+               prefill_reps=a.prefill_reps or (1 if a.quick else 3), fresh=a.fresh, prefill_chunk=a.prefill_chunk)
 
 
 def add_parser(sub):
@@ -797,6 +800,8 @@ def add_parser(sub):
     m.add_argument("--batches", default="1,16", help="decode batch sizes")
     m.add_argument("--steps", type=int, default=None, help="timed training steps (default 10; 2 with --quick)")
     m.add_argument("--decode-steps", type=int, default=None, help="timed decode steps (default 50; 3 with --quick)")
+    m.add_argument("--prefill-chunk", type=int, default=None,
+                   help="prefill in segments of this many positions, state carried (default: whole context)")
     m.add_argument("--prefill-reps", type=int, default=None, help="prefill repeats, median (default 3; 1 with --quick)")
     m.add_argument("--out", default="benchmarks/results")
     m.add_argument("--merge", nargs="+", default=None, metavar="JSON",

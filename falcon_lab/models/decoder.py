@@ -81,15 +81,32 @@ class Decoder(nn.Module):
     def init_state(self, batch_size: int, device=None):
         return [blk.mixer.init_state(batch_size, device) for blk in self.blocks]
 
-    def prefill(self, input_ids, state=None):
-        """Run a prompt [B, T] and return (logits [B, T, V], state after it)."""
-        state = state if state is not None else self.init_state(input_ids.shape[0], input_ids.device)
-        x = self.embed(input_ids)
-        new = []
-        for blk, st in zip(self.blocks, state):
-            x, st = blk(x, state=st, return_state=True)
-            new.append(st)
-        return self.logits(x), new
+    def prefill(self, input_ids, state=None, chunk_tokens: int | None = None, last_only: bool = False):
+        """Run a prompt [B, T] and return (logits [B, T, V], state after it).
+
+        chunk_tokens: consume the prompt in segments of at most this many positions, carrying the state
+        from one segment to the next (every mixer continues exactly: recurrent state / KV cache), so the
+        activations held at once are bounded by B·chunk_tokens instead of B·T (ours: serving engines'
+        chunked prefill). last_only: return only the last position's logits ([B, 1, V]); at long
+        contexts the full [B, T, V] logits dominate memory."""
+        B, T = input_ids.shape
+        if chunk_tokens is not None and int(chunk_tokens) < 1:
+            raise ValueError(f"prefill: chunk_tokens must be >= 1, got {chunk_tokens}")
+        state = state if state is not None else self.init_state(B, input_ids.device)
+        step = T if not chunk_tokens else int(chunk_tokens)
+        outs = []
+        for t0 in range(0, T, step):
+            x = self.embed(input_ids[:, t0:t0 + step])
+            new = []
+            for blk, st in zip(self.blocks, state):
+                x, st = blk(x, state=st, return_state=True)
+                new.append(st)
+            state = new
+            if not last_only:
+                outs.append(self.logits(x))
+            elif t0 + step >= T:
+                outs.append(self.logits(x[:, -1:]))
+        return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)), state
 
     def step(self, tokens, state):
         """One token per row: tokens [B] -> (logits [B, V], new state)."""
