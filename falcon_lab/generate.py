@@ -16,6 +16,8 @@ def main(cfg: DictConfig) -> None:
 
     from falcon_lab.training import load_checkpoint
 
+    if cfg.cuda_graph and not str(cfg.device).startswith("cuda"):
+        raise ValueError(f"cuda_graph=true needs device=cuda (got device={cfg.device})")
     model, tok, tcfg = load_checkpoint(str(cfg.ckpt), map_location=cfg.device)
     model.to(cfg.device)
     ids = torch.tensor([tok.encode(str(cfg.prompt), add_bos=True)], device=cfg.device)
@@ -23,7 +25,8 @@ def main(cfg: DictConfig) -> None:
     t0 = time.perf_counter()
     out = model.generate(ids, int(cfg.max_new_tokens), temperature=float(cfg.temperature),
                          top_k=int(cfg.top_k) if cfg.top_k else None,
-                         eos_id=tok.eos_id if cfg.stop_at_eos else None, generator=gen, prefill=bool(cfg.prefill))
+                         eos_id=tok.eos_id if cfg.stop_at_eos else None, generator=gen, prefill=bool(cfg.prefill),
+                         cuda_graph=bool(cfg.cuda_graph))
     dt = time.perf_counter() - t0
     n_new = out.shape[1] - ids.shape[1]
     print(tok.decode(out[0].tolist()))

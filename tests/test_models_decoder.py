@@ -181,3 +181,9 @@ def test_chunked_prefill_equals_whole_prefill(mix):
     torch.testing.assert_close(b, a, **tol)
     with pytest.raises(ValueError, match="chunk_tokens"):
         model.prefill(ids, chunk_tokens=0)
+
+
+def test_generate_cuda_graph_needs_cuda():
+    model = _model(dict(name="falcon", variant="1A"))
+    with pytest.raises(ValueError, match="cuda_graph=True needs CUDA"):
+        model.generate(torch.tensor([[1, 2, 3]]), 2, cuda_graph=True)

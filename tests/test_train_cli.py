@@ -53,6 +53,10 @@ def test_default_fit_learns_real_structure(tmp_path):
                         "max_new_tokens=20", "temperature=0"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=120)
     assert g.returncode == 0 and g.stdout.startswith("And God said"), g.stderr[-2000:]
+    # CUDA-graph decoding asked for on a CPU: refused at start-up, naming the key
+    g = subprocess.run([sys.executable, "-m", "falcon_lab.generate", f"ckpt={ck}", "cuda_graph=true",
+                        "max_new_tokens=2"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert g.returncode != 0 and "cuda_graph=true needs device=cuda" in g.stderr, g.stderr[-2000:]
 
 
 def test_hydra_flags_and_user_experiment_folder(tmp_path):

@@ -200,34 +200,11 @@ def bench_train(model, device, seq_len, tokens_per_step, steps, warmup, vocab, b
     return out
 
 
-# ---- decode state helpers -------------------------------------------------------------------------
-def _leaves(obj, out):
-    """Flatten a decode state (dicts, lists, tuples, dataclasses such as FalconState) into leaves."""
-    if isinstance(obj, dict):
-        for k in sorted(obj, key=str):
-            _leaves(obj[k], out)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _leaves(v, out)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            _leaves(getattr(obj, f.name), out)
-    else:
-        out.append(obj)
-    return out
-
-
-def _clone(obj):
-    if torch.is_tensor(obj):
-        return obj.clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_clone(v) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: _clone(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                                           if f.init})
-    return obj
+# ---- decode state helpers (shared with generation: falcon_lab.models.graph_step) ----------------------
+from falcon_lab.models.graph_step import GraphStep as _GraphStep  # noqa: E402
+from falcon_lab.models.graph_step import check_static_step  # noqa: E402,F401
+from falcon_lab.models.graph_step import clone_state as _clone  # noqa: E402,F401
+from falcon_lab.models.graph_step import state_leaves as _leaves  # noqa: E402
 
 
 def state_bytes(state) -> int:
@@ -245,69 +222,6 @@ def prefill(model, ids, chunk_tokens: int | None = None):
         return logits[:, -1], state
     logits, state = model.prefill(ids, chunk_tokens=chunk_tokens, last_only=True)
     return logits[:, -1], state
-
-
-class _GraphStep:
-    """One decode step captured in a CUDA graph; the state tensors are updated in place (the step's
-    new state is copied into static buffers inside the graph). Raises RuntimeError(reason) if the
-    state changes shape or holds Python values that change per step (then the graph would be wrong)."""
-
-    def __init__(self, model, tok, state):
-        self.model = model
-        self.tok = tok.clone()
-        self.state = state
-        self.static = _leaves(state, [])
-        # dry run: the step must keep every tensor's shape/dtype and every non-tensor leaf
-        _, new = model.step(self.tok, state)
-        self._check(_leaves(new, []))
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                _, new = model.step(self.tok, state)
-        torch.cuda.current_stream().wait_stream(s)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            logits, new = model.step(self.tok, state)
-            nl = _leaves(new, [])
-            for a, b in zip(self.static, nl):
-                if torch.is_tensor(a) and a is not b:
-                    a.copy_(b)
-            self.logits = logits
-            self.next_tok = logits.argmax(-1)
-        # the replay must reproduce an eager step from the same state (else: eager, with the reason)
-        ref_logits, _ = model.step(self.tok, _clone(state))
-        self.graph.replay()
-        torch.cuda.synchronize()
-        err = (self.logits.float() - ref_logits.float()).abs().max().item()
-        scale = ref_logits.float().abs().max().item() + 1e-6
-        if not err <= 2e-2 * scale:
-            raise RuntimeError(f"CUDA-graph replay differs from the eager step (max abs diff {err:.3g}, "
-                               f"logit scale {scale:.3g})")
-        self.tok.copy_(self.next_tok)
-
-    def _check(self, nl):
-        check_static_step(self.static, nl)
-
-    def __call__(self):
-        self.graph.replay()
-        self.tok.copy_(self.next_tok)
-
-
-def check_static_step(old, new):
-    """Raise RuntimeError(reason) unless a decode step keeps the state's structure, every tensor's
-    shape/dtype and every non-tensor value (the conditions for replaying one captured step)."""
-    if len(new) != len(old):
-        raise RuntimeError("decode state changes structure per step")
-    for a, b in zip(old, new):
-        if torch.is_tensor(a) != torch.is_tensor(b):
-            raise RuntimeError("decode state changes structure per step")
-        if torch.is_tensor(a):
-            if a.shape != b.shape or a.dtype != b.dtype:
-                raise RuntimeError(f"decode state tensor changes shape per step ({tuple(a.shape)} -> "
-                                   f"{tuple(b.shape)}: a growing KV cache cannot be graph-captured)")
-        elif a != b:
-            raise RuntimeError(f"decode state holds a Python value that changes per step ({a!r} -> {b!r})")
 
 
 @torch.no_grad()

@@ -119,12 +119,17 @@ class Decoder(nn.Module):
 
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
-                 eos_id: int | None = None, generator: torch.Generator | None = None, prefill: bool = True):
+                 eos_id: int | None = None, generator: torch.Generator | None = None, prefill: bool = True,
+                 cuda_graph: bool = False):
         """Greedy (temperature 0) or sampled continuation. The prompt is consumed with the parallel
-        (chunked) forward when `prefill`, else token by token; then one `step` per new token."""
+        (chunked) forward when `prefill`, else token by token; then one `step` per new token.
+        cuda_graph: replay one captured decode step per token (CUDA only; recurrent mixers only, since a
+        KV cache grows; the capture is checked against an eager step), ~8x faster per token on an H200."""
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
         B = input_ids.shape[0]
+        if cuda_graph and input_ids.device.type != "cuda":
+            raise ValueError(f"generate: cuda_graph=True needs CUDA tensors, got device {input_ids.device}")
         if prefill:
             logits, state = self.prefill(input_ids)
             last = logits[:, -1]
@@ -134,6 +139,7 @@ class Decoder(nn.Module):
                 last, state = self.step(input_ids[:, t], state)
         out = [input_ids]
         done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+        graph = None
         for _ in range(max_new_tokens):
             if temperature <= 0:
                 nxt = last.argmax(-1)
@@ -149,7 +155,18 @@ class Decoder(nn.Module):
             out.append(nxt[:, None])
             if eos_id is not None and bool(done.all()):
                 break
-            last, state = self.step(nxt, state)
+            if not cuda_graph:
+                last, state = self.step(nxt, state)
+            elif graph is None:
+                from falcon_lab.models.graph_step import GraphStep
+                try:
+                    graph = GraphStep(self, nxt, state)  # consumes nxt
+                except RuntimeError as e:
+                    raise ValueError(f"generate: cuda_graph=True cannot capture this model's decode step: {e}; "
+                                     "use cuda_graph=False") from e
+                last = graph.logits
+            else:
+                last = graph.feed(nxt)
         return torch.cat(out, dim=1)
 
     # ---- accounting ------------------------------------------------------------------------------
