@@ -187,3 +187,29 @@ def test_generate_cuda_graph_needs_cuda():
     model = _model(dict(name="falcon", variant="1A"))
     with pytest.raises(ValueError, match="cuda_graph=True needs CUDA"):
         model.generate(torch.tensor([[1, 2, 3]]), 2, cuda_graph=True)
+
+
+@pytest.mark.parametrize("mix", [dict(name="falcon", variant="2"), dict(name="attention")])
+def test_activation_checkpointing_same_loss_and_grads(mix):
+    """model.activation_checkpointing recomputes blocks in backward: same loss and gradients; eval and
+    no-grad forwards are untouched."""
+    torch.manual_seed(0)
+    a = build_model(TINY, mix, vocab_size=320).double().train()
+    b = build_model({**TINY, "activation_checkpointing": True}, mix, vocab_size=320).double().train()
+    b.load_state_dict(a.state_dict())
+    ids = torch.randint(0, 320, (2, 24))
+    losses = []
+    for m in (a, b):
+        loss = torch.nn.functional.cross_entropy(m(ids[:, :-1]).reshape(-1, 320), ids[:, 1:].reshape(-1))
+        loss.backward()
+        losses.append(loss.item())
+    assert b.activation_checkpointing and not a.activation_checkpointing
+    assert losses[0] == pytest.approx(losses[1], rel=1e-12)
+    for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-10, atol=1e-12, msg=n)
+
+
+def test_activation_checkpointing_from_config():
+    from falcon_lab.training.config import compose
+    cfg = compose(["model=tiny", "model.activation_checkpointing=true"])
+    assert cfg.model.activation_checkpointing is True

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.utils.checkpoint
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -49,9 +50,11 @@ class Block(nn.Module):
 class Decoder(nn.Module):
     def __init__(self, vocab_size: int, d_model: int, n_layers: int, n_heads: int, head_dim: int,
                  mixer: dict, ffn_mult: float = 8 / 3, norm_eps: float = 1e-6, init_std: float = 0.02,
-                 logit_scale: float = 1.0):
+                 logit_scale: float = 1.0, activation_checkpointing: bool = False):
         super().__init__()
         self.vocab_size, self.d_model, self.n_layers = vocab_size, d_model, n_layers
+        # recompute each block's activations in backward instead of keeping them (training only)
+        self.activation_checkpointing = bool(activation_checkpointing)
         self.n_heads, self.head_dim = n_heads, head_dim
         self.logit_scale = float(logit_scale)  # muP output multiplier (1 / width_mult), ours
         self.embed = nn.Embedding(vocab_size, d_model)
@@ -73,8 +76,12 @@ class Decoder(nn.Module):
 
     def forward(self, input_ids, cu_seqlens=None):
         x = self.embed(input_ids)
+        ckpt = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for blk in self.blocks:
-            x, _ = blk(x, cu_seqlens=cu_seqlens)
+            if ckpt:
+                x, _ = torch.utils.checkpoint.checkpoint(blk, x, cu_seqlens, use_reentrant=False)
+            else:
+                x, _ = blk(x, cu_seqlens=cu_seqlens)
         return self.logits(x)
 
     # ---- decoding ------------------------------------------------------------------------------
@@ -204,4 +211,5 @@ def build_model(model_cfg, mixer_cfg, vocab_size: int, logit_scale: float = 1.0)
     return Decoder(vocab_size=vocab_size, d_model=int(m["d_model"]), n_layers=int(m["n_layers"]),
                    n_heads=int(m["n_heads"]), head_dim=int(m["head_dim"]), mixer=dict(mixer_cfg),
                    ffn_mult=float(m.get("ffn_mult", 8 / 3)), norm_eps=float(m.get("norm_eps", 1e-6)),
-                   init_std=float(m.get("init_std", 0.02)), logit_scale=logit_scale)
+                   init_std=float(m.get("init_std", 0.02)), logit_scale=logit_scale,
+                   activation_checkpointing=bool(m.get("activation_checkpointing", False)))
