@@ -32,6 +32,10 @@ def _trainer_kwargs(cfg) -> dict:
 
         from falcon_lab.models.decoder import Block
         kw["strategy"] = FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full")
+    elif kw.get("strategy") == "fsdp2":  # torch fully_shard per block; also on CPU (trainer=fsdp_cpu)
+        from falcon_lab.training.fsdp import FSDP2Strategy
+
+        kw["strategy"] = FSDP2Strategy()
     return kw
 
 

@@ -63,6 +63,14 @@ class LitLM(L.LightningModule):
             if isinstance(lg, MLFlowLogger) and lg.run_id:
                 checkpoint["falcon_lab"] = {"mlflow_run_id": lg.run_id, "tracking_uri": lg._tracking_uri}
 
+    def configure_model(self):
+        # trainer.strategy=fsdp2 sets a device mesh: shard one unit per decoder block, then the root.
+        # Every other strategy has no mesh and leaves the model as built.
+        if self.device_mesh is not None:
+            from falcon_lab.training.fsdp import shard_decoder
+
+            shard_decoder(self.model, self.device_mesh["data_parallel"])
+
     def forward(self, input_ids, cu_seqlens=None):
         return self.model(input_ids, cu_seqlens=cu_seqlens)
 
