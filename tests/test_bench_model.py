@@ -195,3 +195,12 @@ def test_bench_model_chunked_prefill_rows(tmp_path):
     with pytest.raises(SystemExit) as e:
         _run(tmp_path, "--prefill-chunk", "0")
     assert "--prefill-chunk" in str(e.value.code)
+
+
+def test_bench_model_compile_builds_compiled_blocks_and_labels_rows():
+    from falcon_lab.benchmarking.model import _label, build
+    model, cfg = build("falcon-1A", "tiny", vocab=64, extra=("model.compile=true",))
+    assert cfg.model.compile is True
+    assert all(getattr(b, "_compiled_call_impl", None) is not None for b in model.blocks)
+    assert _label("falcon-1A", False, True) == "falcon-1A+compile"
+    assert _label("falcon-1A", True, True) == "falcon-1A+compile+graph"

@@ -73,13 +73,13 @@ def parse_mixers(spec) -> list[str]:
     return names
 
 
-def build(name: str, size: str, vocab: int = VOCAB):
-    """(model, cfg) for a platform mixer, through compose() + build_model()."""
+def build(name: str, size: str, vocab: int = VOCAB, extra: tuple = ()):
+    """(model, cfg) for a platform mixer, through compose() + build_model(); `extra`: more overrides."""
     from falcon_lab.models import build_model
     from falcon_lab.training.config import compose
     from falcon_lab.training.module import mup_width_mult
 
-    cfg = compose([f"model={size}"] + MIXERS[name])
+    cfg = compose([f"model={size}"] + MIXERS[name] + list(extra))
     from omegaconf import OmegaConf
 
     c = OmegaConf.to_container(cfg, resolve=True)
@@ -119,10 +119,11 @@ def mixer_labels(name: str, cfg) -> dict:
     return {"mixer": name, "variant": None, "preset": None}
 
 
-def _label(name: str, cuda_graphs: bool) -> str:
-    """Row label: `<mixer>+graph` for a --cuda-graphs run (ours), so graph and eager decode rows of one
-    mixer live side by side in one results file, table and plot (eager-vs-eager comparisons stay fair)."""
-    return f"{name}+graph" if cuda_graphs else name
+def _label(name: str, cuda_graphs: bool, compiled: bool = False) -> str:
+    """Row label: `<mixer>+graph` for a --cuda-graphs run, `<mixer>+compile` for --compile (ours), so
+    such rows of one mixer live side by side with the eager ones in one results file, table and plot
+    (eager-vs-eager comparisons stay fair)."""
+    return name + ("+compile" if compiled else "") + ("+graph" if cuda_graphs else "")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -294,7 +295,7 @@ def _cleanup(device):
 def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=32768, contexts=(1024, 4096, 16384, 65536),
         batches=(1, 16), steps=10, warmup=3, decode_steps=50, out="benchmarks/results", device=None,
         cuda_graphs=False, use_mlflow=False, peak_flops=None, vocab=VOCAB, prefill_reps=2, bf16=True, prefill_chunk=None,
-        tracking_uri=None, verbose=True, fresh=False):
+        tracking_uri=None, verbose=True, fresh=False, compiled=False):
     """Run the benchmark; writes model_<slug>.json after every mixer, PNG plots and model_<slug>.md.
     Returns the result dict."""
     from falcon_lab.training.callbacks import device_peak_flops
@@ -314,7 +315,8 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=3276
     res = {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "torch": torch.__version__, "triton": triton_v, "commit": _commit(), "size": size,
            "vocab": vocab, "tokens_per_step": tokens_per_step, "bf16_autocast": bool(bf16 and device.type == "cuda"),
-           "peak_flops": peak, "cuda_graphs": bool(cuda_graphs), "prefill_chunk": prefill_chunk, "rows": []}
+           "peak_flops": peak, "cuda_graphs": bool(cuda_graphs), "prefill_chunk": prefill_chunk,
+           "compile": bool(compiled), "rows": []}
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     jpath = outdir / f"model_{slug}.json"
@@ -331,11 +333,11 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=3276
             if old.get(key) != res[key]:
                 raise ValueError(f"--out: {jpath} holds {key}={old.get(key)!r}, this run has {res[key]!r}; "
                                  "use another --out or --fresh")
-        labelled = {_label(n, graphs) for n in mixers}
+        labelled = {_label(n, graphs, compiled) for n in mixers}
         res["rows"] = [r for r in old.get("rows", []) if r.get("mixer") not in labelled]
     for name in mixers:
         cfg = None
-        labels = {"mixer": _label(name, graphs), "variant": None, "preset": None}
+        labels = {"mixer": _label(name, graphs, compiled), "variant": None, "preset": None}
         mrows = []
 
         def add(seq_len, batch, metric, value, unit, **extra):
@@ -346,10 +348,12 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=3276
 
         try:
             if name == FLA_DELTANET:
+                if compiled:
+                    raise RuntimeError("not run: --compile applies to the platform's models only")
                 model = build_fla_deltanet(size, vocab, device)
             else:
-                model, cfg = build(name, size, vocab)
-                labels = {**mixer_labels(name, cfg), "mixer": _label(name, graphs)}
+                model, cfg = build(name, size, vocab, ("model.compile=true",) if compiled else ())
+                labels = {**mixer_labels(name, cfg), "mixer": _label(name, graphs, compiled)}
             model = model.to(device)
         except RuntimeError as e:
             if str(e).startswith("not run:"):
@@ -701,7 +705,8 @@ def main(a):
     return run(mixers, size=a.size, seq_lens=seq_lens, tokens_per_step=a.tokens_per_step, contexts=contexts,
                batches=batches, steps=steps, warmup=warmup, decode_steps=decode_steps, out=a.out, device=a.device,
                cuda_graphs=a.cuda_graphs, use_mlflow=a.mlflow, peak_flops=a.peak_flops, vocab=a.vocab,
-               prefill_reps=a.prefill_reps or (1 if a.quick else 3), fresh=a.fresh, prefill_chunk=a.prefill_chunk)
+               prefill_reps=a.prefill_reps or (1 if a.quick else 3), fresh=a.fresh, prefill_chunk=a.prefill_chunk,
+               compiled=a.compile)
 
 
 def add_parser(sub):
@@ -722,6 +727,8 @@ def add_parser(sub):
                    help="measure nothing: merge these result files (later wins per mixer) into --out, redraw")
     m.add_argument("--fresh", action="store_true", help="overwrite model_<slug>.json instead of merging rows")
     m.add_argument("--quick", action="store_true", help="fewer warm-up/timed steps (smoke runs)")
+    m.add_argument("--compile", action="store_true",
+                   help="torch.compile each block (model.compile=true); rows labelled <mixer>+compile")
     m.add_argument("--cuda-graphs", action="store_true", help="capture one decode step per mixer in a CUDA graph")
     m.add_argument("--mlflow", action="store_true", help="one MLflow run per mixer (training runs' store/experiment)")
     m.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")

@@ -208,8 +208,21 @@ def build_model(model_cfg, mixer_cfg, vocab_size: int, logit_scale: float = 1.0)
     for key in ("d_model", "n_layers", "n_heads", "head_dim"):
         if key not in m:
             raise ValueError(f"model.{key} is missing")
-    return Decoder(vocab_size=vocab_size, d_model=int(m["d_model"]), n_layers=int(m["n_layers"]),
+    model = Decoder(vocab_size=vocab_size, d_model=int(m["d_model"]), n_layers=int(m["n_layers"]),
                    n_heads=int(m["n_heads"]), head_dim=int(m["head_dim"]), mixer=dict(mixer_cfg),
                    ffn_mult=float(m.get("ffn_mult", 8 / 3)), norm_eps=float(m.get("norm_eps", 1e-6)),
                    init_std=float(m.get("init_std", 0.02)), logit_scale=logit_scale,
                    activation_checkpointing=bool(m.get("activation_checkpointing", False)))
+    if m.get("compile"):
+        compile_blocks(model)
+    return model
+
+
+def compile_blocks(model: Decoder) -> Decoder:
+    """torch.compile each decoder block in place (nn.Module.compile: parameter names and checkpoints are
+    unchanged). Inductor fuses the mixers' elementwise PyTorch work (norms, gates, NLMS prep); the
+    Triton chunk kernels stay opaque custom autograd functions (a graph break each). Ours; its speed on
+    a GPU has not been measured yet."""
+    for blk in model.blocks:
+        blk.compile()
+    return model
