@@ -78,3 +78,17 @@ def test_bad_values_fail_before_compute_naming_the_key(overrides, key):
     cfg = compose(overrides)
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate_config(cfg)
+
+
+@pytest.mark.parametrize("trainer", ["gpu", "fsdp", "ddp"])
+def test_gpu_trainer_without_cuda_fails_at_start_naming_the_key(trainer, tmp_path):
+    """No CUDA here: a GPU trainer is refused before anything is built, naming trainer.accelerator."""
+    import torch
+
+    from falcon_lab.training import run
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal cannot happen here")
+    cfg = compose([f"trainer={trainer}", "model=tiny", "logger=none", f"run_dir={tmp_path / 'r'}"])
+    with pytest.raises(ValueError, match=r"trainer\.accelerator=gpu: no CUDA device"):
+        run(cfg)
+    assert not (tmp_path / "r").exists()

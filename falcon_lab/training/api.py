@@ -39,6 +39,15 @@ def _trainer_kwargs(cfg) -> dict:
     return kw
 
 
+def _check_devices(cfg) -> None:
+    """A GPU trainer on a machine without CUDA fails here, naming the key (Lightning's own message,
+    "No supported gpu backend found!", names none)."""
+    acc = str(cfg.trainer.get("accelerator", "auto"))
+    if acc in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ValueError(f"trainer.accelerator={acc}: no CUDA device is visible on this machine; use trainer=cpu "
+                         "(multi-process on CPU: trainer=ddp trainer.accelerator=cpu, or trainer=fsdp_cpu)")
+
+
 def run(cfg: DictConfig, callbacks=None) -> dict:
     """Train one configuration. Returns {"val_loss" (best), "final_val_loss", "run_id", "ckpt_path",
     "last_ckpt_path", "run_dir", "tracking_uri", "experiment_id", "steps", "metrics", "history"}."""
@@ -52,6 +61,7 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
     from falcon_lab.training.module import LitLM
 
     validate_config(cfg)
+    _check_devices(cfg)
     run_dir = _run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.trainer.get("cpu_threads"):
