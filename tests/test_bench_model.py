@@ -204,3 +204,28 @@ def test_bench_model_compile_builds_compiled_blocks_and_labels_rows():
     assert all(getattr(b, "_compiled_call_impl", None) is not None for b in model.blocks)
     assert _label("falcon-1A", False, True) == "falcon-1A+compile"
     assert _label("falcon-1A", True, True) == "falcon-1A+compile+graph"
+
+
+def test_decode_speedup_graph_vs_graph_when_the_transformer_was_captured():
+    from falcon_lab.benchmarking.model import markdown
+
+    def row(m, v):
+        return {"mixer": m, "variant": None, "preset": None, "seq_len": 1024, "batch": 16,
+                "metric": "decode_ms_per_token", "value": v, "unit": "ms"}
+    res = {"gpu": "g", "torch": "t", "triton": "x", "commit": "abc", "size": "small",
+           "rows": [row("transformer", 8.0), row("transformer+statickv+graph", 2.0), row("falcon-1", 4.0),
+                    row("falcon-1+graph", 0.5)]}
+    md = markdown(res)
+    g = md.split("(CUDA graph vs CUDA graph)")[1]
+    assert "| falcon-1+graph | 4.00x |" in g and "| falcon-1 |" not in g.split("##")[0]
+    e = md.split("(eager vs eager)")[1].split("##")[0]
+    assert "| falcon-1 | 2.00x |" in e and "+graph" not in e
+
+
+def test_bench_model_static_kv_rows(tmp_path):
+    out = tmp_path / "res"
+    bench_main(["model", "--size", "tiny", "--device", "cpu", "--quick", "--mixers", "transformer,falcon-1A",
+                "--seq-lens", "", "--contexts", "32", "--batches", "2", "--static-kv", "--out", str(out)])
+    res = json.loads((out / "model_cpu.json").read_text())
+    mixers = {r["mixer"] for r in res["rows"]}
+    assert mixers == {"transformer+statickv", "falcon-1A"} and not [r for r in res["rows"] if r.get("error")]

@@ -233,3 +233,29 @@ def test_model_compile_same_loss_and_grads():
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
     for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_static_kv_cache_decodes_like_the_growing_one(chunk):
+    """init_state(max_len=N) preallocates attention's KV cache and writes it in place: the same logits as
+    the growing cache, for prefill (whole or chunked) and decode steps; every state leaf keeps its shape
+    and Python values from step to step (the condition for CUDA-graph capture), which the growing
+    cache does not."""
+    from falcon_lab.models.graph_step import check_static_step, state_leaves
+    model = _model(dict(name="attention"))
+    ids = torch.randint(0, 320, (2, 19))
+    with torch.no_grad():
+        ref, s_ref = model.prefill(ids)
+        out, s_st = model.prefill(ids, state=model.init_state(2, max_len=19 + 4), chunk_tokens=chunk)
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+        tok = ref[:, -1].argmax(-1)
+        for _ in range(4):
+            a, s_ref2 = model.step(tok, s_ref)
+            b, s_st2 = model.step(tok, s_st)
+            torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10)
+            check_static_step(state_leaves(s_st, []), state_leaves(s_st2, []))
+            with pytest.raises(RuntimeError, match="KV cache"):
+                check_static_step(state_leaves(s_ref, []), state_leaves(s_ref2, []))
+            s_ref, s_st, tok = s_ref2, s_st2, a.argmax(-1)
+    with pytest.raises(ValueError, match="max_len=5"):
+        model.prefill(ids, state=model.init_state(2, max_len=5))

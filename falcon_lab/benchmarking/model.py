@@ -119,11 +119,12 @@ def mixer_labels(name: str, cfg) -> dict:
     return {"mixer": name, "variant": None, "preset": None}
 
 
-def _label(name: str, cuda_graphs: bool, compiled: bool = False) -> str:
-    """Row label: `<mixer>+graph` for a --cuda-graphs run, `<mixer>+compile` for --compile (ours), so
-    such rows of one mixer live side by side with the eager ones in one results file, table and plot
-    (eager-vs-eager comparisons stay fair)."""
-    return name + ("+compile" if compiled else "") + ("+graph" if cuda_graphs else "")
+def _label(name: str, cuda_graphs: bool, compiled: bool = False, static_kv: bool = False) -> str:
+    """Row label: `<mixer>+graph` for a --cuda-graphs run, `<mixer>+compile` for --compile, and
+    `transformer+statickv` for --static-kv (ours), so such rows of one mixer live side by side with the
+    eager ones in one results file, table and plot (eager-vs-eager comparisons stay fair)."""
+    return (name + ("+statickv" if static_kv and name == "transformer" else "") + ("+compile" if compiled else "")
+            + ("+graph" if cuda_graphs else ""))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def state_bytes(state) -> int:
 
 
 @torch.no_grad()
-def prefill(model, ids, chunk_tokens: int | None = None):
+def prefill(model, ids, chunk_tokens: int | None = None, state=None):
     """`Decoder.prefill` with the LM head on the last position only (ours, as serving engines do: full-context
     logits at 64k x 16 rows x 50304 would need ~100 GB and measure the head, not the mixer), optionally in
     segments of `chunk_tokens` positions with the state carried (bounded activation memory). Returns
@@ -221,13 +222,13 @@ def prefill(model, ids, chunk_tokens: int | None = None):
     if not hasattr(model, "blocks"):
         logits, state = model.prefill(ids)
         return logits[:, -1], state
-    logits, state = model.prefill(ids, chunk_tokens=chunk_tokens, last_only=True)
+    logits, state = model.prefill(ids, state=state, chunk_tokens=chunk_tokens, last_only=True)
     return logits[:, -1], state
 
 
 @torch.no_grad()
 def bench_decode(model, device, ctx, batch, steps, warmup, vocab, bf16=True, prefill_reps=1, cuda_graphs=False,
-                 prefill_chunk=None):
+                 prefill_chunk=None, static_kv=False):
     """Prefill `ctx` tokens for `batch` rows (median seconds over repeats), then greedy per-token decode
     latency (median ms over `steps`). Returns a dict."""
     model.eval()
@@ -239,7 +240,8 @@ def bench_decode(model, device, ctx, batch, steps, warmup, vocab, bf16=True, pre
         if device.type == "cuda":
             torch.cuda.empty_cache()
         with _Timer(device) as t, _autocast(device, bf16):
-            last, state = prefill(model, ids, prefill_chunk)
+            st0 = model.init_state(batch, device, max_len=ctx + warmup + steps + 4) if static_kv else None
+            last, state = prefill(model, ids, prefill_chunk, st0)
         times.append(t.s)
     out = {"prefill_s": statistics.median(times), "prefill_tokens_per_s": batch * ctx / statistics.median(times),
            "state_bytes_per_seq": state_bytes(state) / batch}
@@ -295,7 +297,7 @@ def _cleanup(device):
 def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=32768, contexts=(1024, 4096, 16384, 65536),
         batches=(1, 16), steps=10, warmup=3, decode_steps=50, out="benchmarks/results", device=None,
         cuda_graphs=False, use_mlflow=False, peak_flops=None, vocab=VOCAB, prefill_reps=2, bf16=True, prefill_chunk=None,
-        tracking_uri=None, verbose=True, fresh=False, compiled=False):
+        tracking_uri=None, verbose=True, fresh=False, compiled=False, static_kv=False):
     """Run the benchmark; writes model_<slug>.json after every mixer, PNG plots and model_<slug>.md.
     Returns the result dict."""
     from falcon_lab.training.callbacks import device_peak_flops
@@ -333,11 +335,11 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=3276
             if old.get(key) != res[key]:
                 raise ValueError(f"--out: {jpath} holds {key}={old.get(key)!r}, this run has {res[key]!r}; "
                                  "use another --out or --fresh")
-        labelled = {_label(n, graphs, compiled) for n in mixers}
+        labelled = {_label(n, graphs, compiled, static_kv) for n in mixers}
         res["rows"] = [r for r in old.get("rows", []) if r.get("mixer") not in labelled]
     for name in mixers:
         cfg = None
-        labels = {"mixer": _label(name, graphs, compiled), "variant": None, "preset": None}
+        labels = {"mixer": _label(name, graphs, compiled, static_kv), "variant": None, "preset": None}
         mrows = []
 
         def add(seq_len, batch, metric, value, unit, **extra):
@@ -353,7 +355,7 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=3276
                 model = build_fla_deltanet(size, vocab, device)
             else:
                 model, cfg = build(name, size, vocab, ("model.compile=true",) if compiled else ())
-                labels = {**mixer_labels(name, cfg), "mixer": _label(name, graphs, compiled)}
+                labels = {**mixer_labels(name, cfg), "mixer": _label(name, graphs, compiled, static_kv)}
             model = model.to(device)
         except RuntimeError as e:
             if str(e).startswith("not run:"):
@@ -397,7 +399,7 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=3276
                 for b in batches:
                     try:
                         r = bench_decode(model, device, ctx, b, decode_steps, warmup, vocab, bf16, prefill_reps,
-                                         cuda_graphs, prefill_chunk)
+                                         cuda_graphs, prefill_chunk, static_kv and name == "transformer")
                         extra = {"decode_mode": r["decode_mode"]}
                         if prefill_chunk:
                             extra["prefill_chunk"] = int(prefill_chunk)
@@ -579,17 +581,21 @@ def ratios(res) -> list[str]:
                 cells.append(f"{a / z:.2f}" if a and z else "—")
             out.append(f"| {m} | " + " | ".join(cells) + " |")
         out.append("")
-    if dec and any((r[0], r[1]) == ("transformer", "decode_ms_per_token") for r in val):
-        # same execution mode for both (the Transformer's growing KV cache runs eager): eager rows only
-        eager = [m for m in dict.fromkeys(r["mixer"] for r in res["rows"] if r["metric"] == "decode_ms_per_token")
-                 if m != "transformer" and not m.endswith("+graph")]
-        out += ["## Decode speed-up over the Transformer's KV-cache decode (eager vs eager)", "",
+    decoders = list(dict.fromkeys(r["mixer"] for r in res["rows"] if r["metric"] == "decode_ms_per_token"))
+    for ref, graph, title in (("transformer", False, "eager vs eager"),
+                              ("transformer+statickv", False, "eager vs eager, static KV cache"),
+                              ("transformer+statickv+graph", True, "CUDA graph vs CUDA graph")):
+        # same execution mode on both sides: graph rows against a graph-captured Transformer only
+        if not dec or not any((r[0], r[1]) == (ref, "decode_ms_per_token") for r in val):
+            continue
+        others = [m for m in decoders if not m.startswith("transformer") and m.endswith("+graph") == graph]
+        out += [f"## Decode speed-up over the Transformer's KV-cache decode ({title})", "",
                 "| mixer | " + " | ".join(f"T={c} B={b}" for c, b in dec) + " |", "|---" * (len(dec) + 1) + "|"]
-        for m in eager:
+        for m in others:
             cells = []
             for c, b in dec:
-                a, z = val.get((m, "decode_ms_per_token", c, b)), val.get(("transformer", "decode_ms_per_token", c, b))
-                cells.append(f"{z / a:.2f}x" if a and z else "—")
+                x, z = val.get((m, "decode_ms_per_token", c, b)), val.get((ref, "decode_ms_per_token", c, b))
+                cells.append(f"{z / x:.2f}x" if x and z else "—")
             out.append(f"| {m} | " + " | ".join(cells) + " |")
         out.append("")
     return out
@@ -706,7 +712,7 @@ def main(a):
                batches=batches, steps=steps, warmup=warmup, decode_steps=decode_steps, out=a.out, device=a.device,
                cuda_graphs=a.cuda_graphs, use_mlflow=a.mlflow, peak_flops=a.peak_flops, vocab=a.vocab,
                prefill_reps=a.prefill_reps or (1 if a.quick else 3), fresh=a.fresh, prefill_chunk=a.prefill_chunk,
-               compiled=a.compile)
+               compiled=a.compile, static_kv=a.static_kv)
 
 
 def add_parser(sub):
@@ -727,6 +733,8 @@ def add_parser(sub):
                    help="measure nothing: merge these result files (later wins per mixer) into --out, redraw")
     m.add_argument("--fresh", action="store_true", help="overwrite model_<slug>.json instead of merging rows")
     m.add_argument("--quick", action="store_true", help="fewer warm-up/timed steps (smoke runs)")
+    m.add_argument("--static-kv", action="store_true",
+                   help="transformer: preallocated KV cache written in place (graph-capturable); rows transformer+statickv")
     m.add_argument("--compile", action="store_true",
                    help="torch.compile each block (model.compile=true); rows labelled <mixer>+compile")
     m.add_argument("--cuda-graphs", action="store_true", help="capture one decode step per mixer in a CUDA graph")

@@ -85,8 +85,11 @@ class Decoder(nn.Module):
         return self.logits(x)
 
     # ---- decoding ------------------------------------------------------------------------------
-    def init_state(self, batch_size: int, device=None):
-        return [blk.mixer.init_state(batch_size, device) for blk in self.blocks]
+    def init_state(self, batch_size: int, device=None, max_len: int | None = None):
+        """Per-block decode state. max_len: preallocate attention's KV cache for that many positions
+        (a static cache: updated in place, so a decode step can be captured in a CUDA graph); recurrent
+        states have a fixed size anyway."""
+        return [blk.mixer.init_state(batch_size, device, max_len=max_len) for blk in self.blocks]
 
     def prefill(self, input_ids, state=None, chunk_tokens: int | None = None, last_only: bool = False):
         """Run a prompt [B, T] and return (logits [B, T, V], state after it).
@@ -137,11 +140,13 @@ class Decoder(nn.Module):
         B = input_ids.shape[0]
         if cuda_graph and input_ids.device.type != "cuda":
             raise ValueError(f"generate: cuda_graph=True needs CUDA tensors, got device {input_ids.device}")
+        # a CUDA graph needs fixed-shape state: attention then gets a static KV cache of the final length
+        max_len = input_ids.shape[1] + max_new_tokens if cuda_graph else None
         if prefill:
-            logits, state = self.prefill(input_ids)
+            logits, state = self.prefill(input_ids, state=self.init_state(B, input_ids.device, max_len=max_len))
             last = logits[:, -1]
         else:
-            state = self.init_state(B, input_ids.device)
+            state = self.init_state(B, input_ids.device, max_len=max_len)
             for t in range(input_ids.shape[1]):
                 last, state = self.step(input_ids[:, t], state)
         out = [input_ids]

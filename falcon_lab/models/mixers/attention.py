@@ -36,8 +36,13 @@ class Attention(Mixer):
         self.qk_norm = qk_norm
         self.backend_used = "sdpa"
 
-    def init_state(self, batch_size, device=None):
-        return {"k": None, "v": None, "pos": 0}
+    def init_state(self, batch_size, device=None, max_len=None):
+        if max_len is None:  # growing cache (torch.cat per step)
+            return {"k": None, "v": None, "pos": 0}
+        # static cache (ours): buffers of max_len positions allocated at the first call, written in place;
+        # the position is a tensor, so every leaf keeps its shape and a step can be graph-captured
+        return {"k": None, "v": None, "pos": torch.zeros((), dtype=torch.long, device=device),
+                "max_len": int(max_len)}
 
     def forward(self, x, cu_seqlens=None, state=None, return_state=False, decode=False):
         B0, T0, D = x.shape
@@ -48,6 +53,8 @@ class Attention(Mixer):
         v = self.v_proj(h).view(B, T, self.H, self.dh)
         if self.qk_norm:
             q, k = F.rms_norm(q, (self.dh,)), F.rms_norm(k, (self.dh,))
+        if state is not None and "max_len" in state:
+            return self._static_forward(q, k, v, state, return_state, B0, T0, D)
         start = state["pos"] if state is not None else 0
         if cu_seqlens is not None:
             pos = positions_in_sequence(cu_seqlens, B * T, h.device).view(B, T)
@@ -73,6 +80,35 @@ class Attention(Mixer):
             S = k.shape[2]
             mask = torch.ones(T, S, dtype=torch.bool, device=h.device).tril(diagonal=S - T)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        o = o.transpose(1, 2).reshape(B, T, self.H * self.dh)
+        return self.o_proj(o).view(B0, T0, D), new_state
+
+    def _static_forward(self, q, k, v, state, return_state, B0, T0, D):
+        """Continuation with a preallocated KV cache [B, H, max_len, dh]: the new keys/values are written
+        at positions pos..pos+T-1 in place; queries see the cache up to their own position. The first call
+        (empty cache) runs plain causal attention over its own keys, then fills the cache."""
+        B, T = q.shape[0], q.shape[1]
+        cap = state["max_len"]
+        start = state["pos"]
+        pos = start + torch.arange(T, device=q.device)
+        cos, sin = rope_cos_sin(pos, self.dh, self.theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, dh]
+        kbuf, vbuf = state["k"], state["v"]
+        if kbuf is None:  # first call: nothing cached yet
+            if T > cap:
+                raise ValueError(f"attention: prompt of {T} positions exceeds the static KV cache (max_len={cap})")
+            kbuf = k.new_zeros(B, self.H, cap, self.dh)
+            vbuf = v.new_zeros(B, self.H, cap, self.dh)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            o = None
+        kbuf.index_copy_(2, pos, k.to(kbuf.dtype))
+        vbuf.index_copy_(2, pos, v.to(vbuf.dtype))
+        if o is None:
+            mask = torch.arange(cap, device=q.device)[None, :] <= pos[:, None]  # [T, max_len]
+            o = F.scaled_dot_product_attention(q, kbuf.to(q.dtype), vbuf.to(q.dtype), attn_mask=mask)
+        new_state = {"k": kbuf, "v": vbuf, "pos": start + T, "max_len": cap} if return_state else None
         o = o.transpose(1, 2).reshape(B, T, self.H * self.dh)
         return self.o_proj(o).view(B0, T0, D), new_state
 

@@ -19,7 +19,8 @@ class Mixer(nn.Module):
 
     backend_used: str = "torch"
 
-    def init_state(self, batch_size: int, device=None):
+    def init_state(self, batch_size: int, device=None, max_len: int | None = None):
+        """max_len: the longest context the state will hold (only a KV cache uses it)."""
         return None
 
     def step(self, x: torch.Tensor, state):

@@ -57,7 +57,7 @@ class _OperatorMixer(Mixer):
         self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
         self.backend_used = "unset"
 
-    def init_state(self, batch_size, device=None):
+    def init_state(self, batch_size, device=None, max_len=None):
         return {"conv": None, "op": None}
 
     def _qkv(self, h, cu_seqlens, conv_cache):

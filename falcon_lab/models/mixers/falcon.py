@@ -200,7 +200,7 @@ class FalconMixer(Mixer):
             u = u * self.qk_gain[which].to(u.dtype)
         return u
 
-    def init_state(self, batch_size, device=None):
+    def init_state(self, batch_size, device=None, max_len=None):
         return {"conv": None, "op": None}
 
     def forward(self, x, cu_seqlens=None, state=None, return_state=False, decode=False):
