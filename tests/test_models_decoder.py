@@ -189,6 +189,17 @@ def test_generate_cuda_graph_needs_cuda():
         model.generate(torch.tensor([[1, 2, 3]]), 2, cuda_graph=True)
 
 
+def _losses_after_backward(*models):
+    """Next-token loss of each model on the same random batch, after its backward (grads filled)."""
+    ids = torch.randint(0, 320, (2, 24))
+    losses = []
+    for m in models:
+        loss = torch.nn.functional.cross_entropy(m(ids[:, :-1]).reshape(-1, 320), ids[:, 1:].reshape(-1))
+        loss.backward()
+        losses.append(loss.item())
+    return losses
+
+
 @pytest.mark.parametrize("mix", [dict(name="falcon", variant="2"), dict(name="attention")])
 def test_activation_checkpointing_same_loss_and_grads(mix):
     """model.activation_checkpointing recomputes blocks in backward: same loss and gradients; eval and
@@ -197,12 +208,7 @@ def test_activation_checkpointing_same_loss_and_grads(mix):
     a = build_model(TINY, mix, vocab_size=320).double().train()
     b = build_model({**TINY, "activation_checkpointing": True}, mix, vocab_size=320).double().train()
     b.load_state_dict(a.state_dict())
-    ids = torch.randint(0, 320, (2, 24))
-    losses = []
-    for m in (a, b):
-        loss = torch.nn.functional.cross_entropy(m(ids[:, :-1]).reshape(-1, 320), ids[:, 1:].reshape(-1))
-        loss.backward()
-        losses.append(loss.item())
+    losses = _losses_after_backward(a, b)
     assert b.activation_checkpointing and not a.activation_checkpointing
     assert losses[0] == pytest.approx(losses[1], rel=1e-12)
     for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
@@ -224,12 +230,7 @@ def test_model_compile_same_loss_and_grads():
     b = build_model({**TINY, "compile": True}, mix, vocab_size=320)
     assert list(b.state_dict()) == list(a.state_dict())
     b.load_state_dict(a.state_dict())
-    ids = torch.randint(0, 320, (2, 24))
-    losses = []
-    for m in (a, b):
-        loss = torch.nn.functional.cross_entropy(m(ids[:, :-1]).reshape(-1, 320), ids[:, 1:].reshape(-1))
-        loss.backward()
-        losses.append(loss.item())
+    losses = _losses_after_backward(a, b)
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
     for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-4, atol=1e-6, msg=n)

@@ -548,6 +548,15 @@ def markdown(res) -> str:
     return "\n".join(lines)
 
 
+def _table(title: str, cols: list[str], body: list[tuple[str, list[str]]]) -> list[str]:
+    return ([f"## {title}", "", "| mixer | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+            + [f"| {m} | " + " | ".join(cells) + " |" for m, cells in body] + [""])
+
+
+def _ratio(a, b, fmt="{:.2f}x") -> str:
+    return fmt.format(a / b) if a and b else "—"
+
+
 def ratios(res) -> list[str]:
     """The issue's target ratios, computed from this run's rows (no numbers from elsewhere)."""
     val = {(r["mixer"], r["metric"], r["seq_len"], r["batch"]): r["value"] for r in res["rows"]
@@ -558,46 +567,29 @@ def ratios(res) -> list[str]:
     for ref in ("transformer", FLA_DELTANET):
         if not any((ref, "train_tokens_per_s", t, b) in val for t, b in tr):
             continue
-        out += [f"## Training tokens/s relative to {ref}", "", "| mixer | " + " | ".join(f"T={t}" for t, _ in tr) + " |",
-                "|---" * (len(tr) + 1) + "|"]
-        for m in [f for f in falcons if any((f, "train_tokens_per_s", t, b) in val for t, b in tr)]:
-            cells = []
-            for t, b in tr:
-                a, r = val.get((m, "train_tokens_per_s", t, b)), val.get((ref, "train_tokens_per_s", t, b))
-                cells.append(f"{a / r:.2f}x" if a and r else "—")
-            out.append(f"| {m} | " + " | ".join(cells) + " |")
-        out.append("")
+        trained = [f for f in falcons if any((f, "train_tokens_per_s", t, b) in val for t, b in tr)]
+        out += _table(f"Training tokens/s relative to {ref}", [f"T={t}" for t, _ in tr],
+                      [(m, [_ratio(val.get((m, "train_tokens_per_s", t, b)), val.get((ref, "train_tokens_per_s", t, b)))
+                            for t, b in tr]) for m in trained])
     dec = sorted({(r["seq_len"], r["batch"]) for r in res["rows"] if r["metric"] == "decode_ms_per_token"})
-    ctxs = sorted({c for c, _ in dec})
+    decoders = list(dict.fromkeys(r["mixer"] for r in res["rows"] if r["metric"] == "decode_ms_per_token"))
+    ctxs, bs = sorted({c for c, _ in dec}), sorted({b for _, b in dec})
     if len(ctxs) >= 2:
         lo, hi = ctxs[0], ctxs[-1]
-        out += [f"## Decode latency flatness: ms/token at context {hi} / at {lo}", "",
-                "| mixer | " + " | ".join(f"B={b}" for b in sorted({b for _, b in dec})) + " |",
-                "|---" * (len({b for _, b in dec}) + 1) + "|"]
-        for m in dict.fromkeys(r["mixer"] for r in res["rows"] if r["metric"] == "decode_ms_per_token"):
-            cells = []
-            for b in sorted({b for _, b in dec}):
-                a, z = val.get((m, "decode_ms_per_token", hi, b)), val.get((m, "decode_ms_per_token", lo, b))
-                cells.append(f"{a / z:.2f}" if a and z else "—")
-            out.append(f"| {m} | " + " | ".join(cells) + " |")
-        out.append("")
-    decoders = list(dict.fromkeys(r["mixer"] for r in res["rows"] if r["metric"] == "decode_ms_per_token"))
+        out += _table(f"Decode latency flatness: ms/token at context {hi} / at {lo}", [f"B={b}" for b in bs],
+                      [(m, [_ratio(val.get((m, "decode_ms_per_token", hi, b)), val.get((m, "decode_ms_per_token", lo, b)),
+                                   "{:.2f}") for b in bs]) for m in decoders])
     for ref, graph, title in (("transformer", False, "eager vs eager"),
                               ("transformer+statickv", False, "eager vs eager, static KV cache"),
                               ("transformer+statickv+graph", True, "CUDA graph vs CUDA graph")):
         # same execution mode on both sides: graph rows against a graph-captured Transformer only
-        if not dec or not any((r[0], r[1]) == (ref, "decode_ms_per_token") for r in val):
+        if not any((m, k) == (ref, "decode_ms_per_token") for m, k, _, _ in val):
             continue
         others = [m for m in decoders if not m.startswith("transformer") and m.endswith("+graph") == graph]
-        out += [f"## Decode speed-up over the Transformer's KV-cache decode ({title})", "",
-                "| mixer | " + " | ".join(f"T={c} B={b}" for c, b in dec) + " |", "|---" * (len(dec) + 1) + "|"]
-        for m in others:
-            cells = []
-            for c, b in dec:
-                x, z = val.get((m, "decode_ms_per_token", c, b)), val.get((ref, "decode_ms_per_token", c, b))
-                cells.append(f"{z / x:.2f}x" if x and z else "—")
-            out.append(f"| {m} | " + " | ".join(cells) + " |")
-        out.append("")
+        out += _table(f"Decode speed-up over the Transformer's KV-cache decode ({title})",
+                      [f"T={c} B={b}" for c, b in dec],
+                      [(m, [_ratio(val.get((ref, "decode_ms_per_token", c, b)), val.get((m, "decode_ms_per_token", c, b)))
+                            for c, b in dec]) for m in others])
     return out
 
 
