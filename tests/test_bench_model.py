@@ -180,6 +180,13 @@ def test_merge_results_later_file_wins_per_mixer(tmp_path):
     out = merge_results([a, b], tmp_path / "out")
     got = {r["mixer"]: r["value"] for r in out["rows"]}
     assert got == {"falcon-1": 3.0, "transformer": 2.0}
+    # cell granularity: a file re-measuring one cell keeps the mixer's other cells
+    other = dict(row("falcon-1", 9.0), seq_len=8192, batch=4)
+    d = tmp_path / "d.json"
+    d.write_text(json.dumps(res([other])))
+    out = merge_results([a, b, d], tmp_path / "out3")
+    got = {(r["mixer"], r["seq_len"]): r["value"] for r in out["rows"]}
+    assert got == {("falcon-1", 2048): 3.0, ("falcon-1", 8192): 9.0, ("transformer", 2048): 2.0}
     assert (tmp_path / "out" / "model_h200.json").exists() and (tmp_path / "out" / "model_h200.md").exists()
     c.write_text(json.dumps(res([row("x", 1.0)], gpu="NVIDIA H100")))
     with pytest.raises(ValueError, match="gpu"):

@@ -636,10 +636,15 @@ def plot(res, outdir: Path, slug: str) -> list[str]:
     return paths
 
 
+def _cell(r) -> tuple:
+    return (r.get("mixer"), r.get("metric"), r.get("seq_len"), r.get("batch"))
+
+
 def merge_results(paths, out="benchmarks/results") -> dict:
     """Merge result files of runs split across calls or machines (same GPU kind, size, vocab, tokens per
-    step): later files replace earlier rows of the same mixer label; then the Markdown and plots are
-    rewritten. The header's torch/triton/commit are the last file's; every row keeps its own commit."""
+    step): a later file's row replaces an earlier row of the same cell (mixer label, metric, seq_len,
+    batch), so a call that re-measures one cell (say 64k x 16 with --prefill-chunk) keeps the rest; then
+    the Markdown and plots are rewritten. The header's commit lists every row's commit."""
     if not paths:
         raise ValueError("--merge: no result files given")
     res = None
@@ -654,8 +659,8 @@ def merge_results(paths, out="benchmarks/results") -> dict:
         for key in ("size", "vocab", "tokens_per_step", "gpu"):
             if new.get(key) != res.get(key):
                 raise ValueError(f"--merge: {p} has {key}={new.get(key)!r}, earlier files {res.get(key)!r}")
-        mixers = {r["mixer"] for r in new["rows"]}
-        rows = [r for r in res["rows"] if r["mixer"] not in mixers] + new["rows"]
+        cells = {_cell(r) for r in new["rows"]}
+        rows = [r for r in res["rows"] if _cell(r) not in cells] + new["rows"]
         res = {**res, **{k: v for k, v in new.items() if k != "rows"}, "rows": rows}
     res.pop("plots", None)
     res["commit"] = " ".join(dict.fromkeys(str(r.get("commit")).split("-")[0][:7] for r in res["rows"]
@@ -722,7 +727,7 @@ def add_parser(sub):
     m.add_argument("--prefill-reps", type=int, default=None, help="prefill repeats, median (default 3; 1 with --quick)")
     m.add_argument("--out", default="benchmarks/results")
     m.add_argument("--merge", nargs="+", default=None, metavar="JSON",
-                   help="measure nothing: merge these result files (later wins per mixer) into --out, redraw")
+                   help="measure nothing: merge these result files (later rows replace the same cell) into --out, redraw")
     m.add_argument("--fresh", action="store_true", help="overwrite model_<slug>.json instead of merging rows")
     m.add_argument("--quick", action="store_true", help="fewer warm-up/timed steps (smoke runs)")
     m.add_argument("--static-kv", action="store_true",
