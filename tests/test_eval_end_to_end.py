@@ -260,3 +260,17 @@ def test_addition_report_table_marks_incomplete_rows_and_plots(tmp_path):
     assert "0, 1*" in line and "60.0 (50.0–70.0)" in line and "stopped at step 900" in line
     assert "85.9 / 100.0 / 69.0" in line
     assert (d / "per_width.png").stat().st_size > 0
+
+
+def test_load_checkpoint_drops_training_time_knobs(trained, tmp_path):
+    """A checkpoint trained with model.compile / activation checkpointing loads as the plain model."""
+    from falcon_lab.training import load_checkpoint
+    _, _, res = trained
+    ck = torch.load(res["last_ckpt_path"], map_location="cpu", weights_only=False)
+    ck["hyper_parameters"]["cfg"]["model"].update({"compile": True, "activation_checkpointing": True})
+    p = tmp_path / "knobs.ckpt"
+    torch.save(ck, p)
+    model, _, cfg = load_checkpoint(str(p))
+    assert cfg.model.compile is True  # the recorded config is kept as trained
+    assert not model.activation_checkpointing
+    assert all(getattr(b, "_compiled_call_impl", None) is None for b in model.blocks)

@@ -184,7 +184,10 @@ def load_checkpoint(path: str, map_location="cpu"):
     cfg = OmegaConf.create(hp["cfg"])
     tokenizer = tokenizer_from_state(hp.get("tokenizer_name", "byte"))
     width_mult = mup_width_mult(hp["cfg"]["model"], hp["cfg"]["optim"])
-    model = build_model(hp["cfg"]["model"], hp["cfg"]["mixer"], int(hp["vocab_size"]), logit_scale=1.0 / width_mult)
+    # training-time knobs do not follow the weights: evaluation and generation run the plain model
+    # (compile it yourself with falcon_lab.models.decoder.compile_blocks if wanted)
+    mcfg = {**hp["cfg"]["model"], "compile": False, "activation_checkpointing": False}
+    model = build_model(mcfg, hp["cfg"]["mixer"], int(hp["vocab_size"]), logit_scale=1.0 / width_mult)
     sd = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(sd)
     model.eval()
