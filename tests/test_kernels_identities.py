@@ -112,3 +112,20 @@ def test_nlms_step_never_increases_the_instantaneous_loss(variant):
         assert (after <= before + 1e-12).all(), (t, before, after)
         checked += 1
     assert checked == 39
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8, 16])
+def test_jacobi_top_eigenvalue_matches_eigvalsh(n):
+    """The graph-capturable top eigenvalue (cyclic Jacobi, used for Falcon-3's μ_t while a CUDA graph is
+    being captured) equals eigvalsh's to rounding, also for rank-deficient and all-zero windows."""
+    from falcon_lab.kernels.prep import _jacobi_top_eig
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(300, 9, n, dtype=torch.float64, generator=g)
+    x[:40, :, -1] = 0
+    x[40:50] = 0
+    gram = x.transpose(-1, -2) @ x
+    ref = torch.linalg.eigvalsh(gram)[..., -1]
+    got = _jacobi_top_eig(gram)
+    assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12)
+    got32 = _jacobi_top_eig(gram.float()).double()
+    assert torch.allclose(got32, ref, rtol=1e-5, atol=1e-5)

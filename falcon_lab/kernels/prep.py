@@ -122,11 +122,46 @@ def prepare(
 def _largest_eig(gram: torch.Tensor, max_batch: int = 32768) -> torch.Tensor:
     """Largest eigenvalue of each symmetric [.., B, B] matrix, exact (eigvalsh). In fp32 at least (CUDA
     has no bf16 eigh) and in batches of at most `max_batch` matrices: cuSOLVER's batched syevj failed
-    with CUSOLVER_STATUS_INTERNAL_ERROR on the H200 once a call held ~1e5 matrices (ours)."""
+    with CUSOLVER_STATUS_INTERNAL_ERROR on the H200 once a call held ~1e5 matrices (ours).
+    While a CUDA graph is being captured, cuSOLVER cannot run (it checks its status on the host), so
+    the cyclic Jacobi method with a fixed number of sweeps is used instead: the same value to rounding
+    for these tiny windows, with no host synchronisation (ours)."""
     g = gram if gram.dtype in (torch.float32, torch.float64) else gram.float()
+    if g.is_cuda and torch.cuda.is_current_stream_capturing():
+        return _jacobi_top_eig(g).to(gram.dtype)
     flat = g.reshape(-1, g.shape[-2], g.shape[-1])
     if flat.shape[0] <= max_batch:
         top = torch.linalg.eigvalsh(flat)[..., -1]
     else:
         top = torch.cat([torch.linalg.eigvalsh(c)[..., -1] for c in flat.split(max_batch)])
     return top.reshape(g.shape[:-2]).to(gram.dtype)
+
+
+def _jacobi_top_eig(a: torch.Tensor, sweeps: int = 10) -> torch.Tensor:
+    """Largest eigenvalue of symmetric [.., n, n] matrices by cyclic Jacobi rotations (Golub & Van Loan,
+    Matrix Computations, §8.5): each rotation zeroes one off-diagonal pair; convergence is quadratic, so
+    a fixed number of sweeps (no data-dependent control flow, hence graph-capturable) reaches rounding
+    level for the window sizes used here (n = B <= 16)."""
+    n = a.shape[-1]
+    if n == 1:
+        return a[..., 0, 0]
+    eye = torch.eye(n, dtype=a.dtype, device=a.device)
+    tiny = torch.finfo(a.dtype).tiny
+    for _ in range(sweeps):
+        for p in range(n - 1):
+            for q in range(p + 1, n):
+                app, aqq, apq = a[..., p, p], a[..., q, q], a[..., p, q]
+                off = apq.abs() > tiny
+                safe = torch.where(off, apq, torch.ones_like(apq))
+                tau = (aqq - app) / (2 * safe)
+                sgn = torch.where(tau >= 0, torch.ones_like(tau), -torch.ones_like(tau))
+                t = torch.where(off, sgn / (tau.abs() + torch.sqrt(1 + tau * tau)), torch.zeros_like(tau))
+                c = torch.rsqrt(1 + t * t)
+                sn = t * c
+                e_pp_qq = torch.zeros_like(eye)
+                e_pp_qq[p, p] = e_pp_qq[q, q] = 1
+                e_pq = torch.zeros_like(eye)
+                e_pq[p, q], e_pq[q, p] = 1, -1
+                j = eye + (c - 1)[..., None, None] * e_pp_qq + sn[..., None, None] * e_pq
+                a = j.transpose(-1, -2) @ a @ j
+    return a.diagonal(dim1=-2, dim2=-1).amax(-1)
