@@ -108,7 +108,9 @@ def test_bench_graph_precondition_on_real_states():
     Falcon state, false (with the reason) for the growing KV cache."""
     import torch
 
-    from falcon_lab.benchmarking.model import _leaves, build, check_static_step, prefill
+    from falcon_lab.benchmarking.model import build, prefill
+    from falcon_lab.models.graph_step import check_static_step
+    from falcon_lab.models.graph_step import state_leaves as _leaves
 
     for name, ok in (("falcon-3A", True), ("transformer", False)):
         model, _ = build(name, "tiny", vocab=50)

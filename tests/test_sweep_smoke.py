@@ -103,11 +103,16 @@ def test_shipped_spaces_match_the_fit_config():
         driver._check_corners(s, list(s.overrides), compose_fit, validate_fit)
 
 
-def test_invalid_trial_config_fails_before_training(in_tmp):
-    p = in_tmp / "window_on_1a.yaml"
-    p.write_text(yaml.safe_dump({
+def _space_file(path, key, choices):
+    """A two-trial search space over one categorical key, written to `path`."""
+    path.write_text(yaml.safe_dump({
         "metric": "val/loss", "direction": "minimize", "n_trials": 2,
-        "parameters": {"mixer.window": {"type": "categorical", "choices": [2, 4]}}}))
+        "parameters": {key: {"type": "categorical", "choices": choices}}}))
+    return path
+
+
+def test_invalid_trial_config_fails_before_training(in_tmp):
+    p = _space_file(in_tmp / "window_on_1a.yaml", "mixer.window", [2, 4])
     with pytest.raises(SearchSpaceError, match=r"the trial config with mixer.window=2 is invalid: "
                                                r"mixer.window: applies only to the sliding-window"):
         driver.prepare(load_space(str(p)), [], workdir=in_tmp, tracking=False)
@@ -117,10 +122,7 @@ def test_invalid_trial_config_fails_before_training(in_tmp):
 
 
 def test_unknown_fit_key_is_named(in_tmp):
-    p = in_tmp / "bad.yaml"
-    p.write_text(yaml.safe_dump({
-        "metric": "val/loss", "direction": "minimize", "n_trials": 2,
-        "parameters": {"mixer.windw": {"type": "categorical", "choices": [1, 2]}}}))
+    p = _space_file(in_tmp / "bad.yaml", "mixer.windw", [1, 2])
     with pytest.raises(SearchSpaceError, match=r"parameters\.mixer\.windw: no such key in the fit "
                                                r"config \(did you mean mixer\.window"):
         driver.prepare(load_space(str(p)), [], workdir=in_tmp, tracking=False)

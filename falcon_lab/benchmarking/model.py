@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from falcon_lab.models.graph_step import GraphStep, state_leaves
+
 # name -> Hydra overrides of the packaged train config (the same groups `python -m falcon_lab.fit` uses)
 MIXERS: dict[str, list[str]] = {
     **{f"falcon-{v}": ["mixer=falcon", f"mixer.variant={v}", "mixer.preset='.3'"]
@@ -202,15 +204,9 @@ def bench_train(model, device, seq_len, tokens_per_step, steps, warmup, vocab, b
     return out
 
 
-# ---- decode state helpers (shared with generation: falcon_lab.models.graph_step) ----------------------
-from falcon_lab.models.graph_step import GraphStep as _GraphStep  # noqa: E402
-from falcon_lab.models.graph_step import check_static_step  # noqa: E402,F401
-from falcon_lab.models.graph_step import clone_state as _clone  # noqa: E402,F401
-from falcon_lab.models.graph_step import state_leaves as _leaves  # noqa: E402
-
-
+# ---- decode state helpers: falcon_lab.models.graph_step (shared with generation) -----------------------
 def state_bytes(state) -> int:
-    return int(sum(t.numel() * t.element_size() for t in _leaves(state, []) if torch.is_tensor(t)))
+    return int(sum(t.numel() * t.element_size() for t in state_leaves(state, []) if torch.is_tensor(t)))
 
 
 @torch.no_grad()
@@ -253,7 +249,7 @@ def bench_decode(model, device, ctx, batch, steps, warmup, vocab, bf16=True, pre
     if cuda_graphs and device.type == "cuda":
         try:
             with _autocast(device, bf16):
-                gs = _GraphStep(model, tok, state)
+                gs = GraphStep(model, tok, state)
             step_fn, mode = gs, "cuda_graph"
         except Exception as e:  # noqa: BLE001  (recorded, eager fallback)
             reason = f"{type(e).__name__}: {str(e)[:300]}"

@@ -147,21 +147,23 @@ def _jacobi_top_eig(a: torch.Tensor, sweeps: int = 10) -> torch.Tensor:
         return a[..., 0, 0]
     eye = torch.eye(n, dtype=a.dtype, device=a.device)
     tiny = torch.finfo(a.dtype).tiny
+    # J(p, q) = I + (c - 1)(e_p e_pᵀ + e_q e_qᵀ) + s(e_p e_qᵀ - e_q e_pᵀ): its constant parts, once per pair
+    pairs = []
+    for p in range(n - 1):
+        for q in range(p + 1, n):
+            diag, skew = torch.zeros_like(eye), torch.zeros_like(eye)
+            diag[p, p] = diag[q, q] = 1
+            skew[p, q], skew[q, p] = 1, -1
+            pairs.append((p, q, diag, skew))
     for _ in range(sweeps):
-        for p in range(n - 1):
-            for q in range(p + 1, n):
-                app, aqq, apq = a[..., p, p], a[..., q, q], a[..., p, q]
-                off = apq.abs() > tiny
-                safe = torch.where(off, apq, torch.ones_like(apq))
-                tau = (aqq - app) / (2 * safe)
-                sgn = torch.where(tau >= 0, torch.ones_like(tau), -torch.ones_like(tau))
-                t = torch.where(off, sgn / (tau.abs() + torch.sqrt(1 + tau * tau)), torch.zeros_like(tau))
-                c = torch.rsqrt(1 + t * t)
-                sn = t * c
-                e_pp_qq = torch.zeros_like(eye)
-                e_pp_qq[p, p] = e_pp_qq[q, q] = 1
-                e_pq = torch.zeros_like(eye)
-                e_pq[p, q], e_pq[q, p] = 1, -1
-                j = eye + (c - 1)[..., None, None] * e_pp_qq + sn[..., None, None] * e_pq
-                a = j.transpose(-1, -2) @ a @ j
+        for p, q, diag, skew in pairs:
+            app, aqq, apq = a[..., p, p], a[..., q, q], a[..., p, q]
+            off = apq.abs() > tiny
+            safe = torch.where(off, apq, torch.ones_like(apq))
+            tau = (aqq - app) / (2 * safe)
+            sgn = torch.where(tau >= 0, torch.ones_like(tau), -torch.ones_like(tau))
+            t = torch.where(off, sgn / (tau.abs() + torch.sqrt(1 + tau * tau)), torch.zeros_like(tau))
+            c = torch.rsqrt(1 + t * t)
+            j = eye + (c - 1)[..., None, None] * diag + (t * c)[..., None, None] * skew
+            a = j.transpose(-1, -2) @ a @ j
     return a.diagonal(dim1=-2, dim2=-1).amax(-1)

@@ -12,6 +12,7 @@ import torch.utils.checkpoint
 import torch.nn as nn
 import torch.nn.functional as F
 
+from falcon_lab.models.graph_step import GraphStep
 from falcon_lab.models.mixers.base import RMSNorm
 from falcon_lab.models.mixers.registry import build_mixer
 
@@ -170,7 +171,6 @@ class Decoder(nn.Module):
             if not cuda_graph:
                 last, state = self.step(nxt, state)
             elif graph is None:
-                from falcon_lab.models.graph_step import GraphStep
                 try:
                     graph = GraphStep(self, nxt, state)  # consumes nxt
                 except RuntimeError as e:
