@@ -118,3 +118,59 @@ def test_stale_reason_by_pid_and_by_heartbeat(tmp_path):
     st.set_trial_system_attr(t._trial_id, "falcon_lab:host", socket.gethostname())
     st.set_trial_system_attr(t._trial_id, "falcon_lab:pid", os.getpid())
     assert stale_reason(study.trials[0], grace=60) is None           # our own live process
+
+
+def test_open_storage_survives_the_schema_creation_race(tmp_path, monkeypatch):
+    """The loser of two processes creating one new SQLite storage sees Optuna's schema stamp fail
+    (this broke a CI run); open_storage opens again instead of failing, and other errors still
+    raise at once."""
+    import sqlalchemy.exc
+
+    from falcon_lab.sweeps import storage as st
+
+    real, calls = optuna.storages.RDBStorage, []
+
+    class Racing(real):
+        def __init__(self, url, **kw):
+            calls.append(url)
+            if len(calls) == 1:
+                real(url, **kw)  # the winner creates and stamps the schema ...
+                raise sqlalchemy.exc.IntegrityError(  # ... and this process loses the stamp
+                    "INSERT INTO alembic_version", {},
+                    Exception("UNIQUE constraint failed: alembic_version.version_num"))
+            super().__init__(url, **kw)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", Racing)
+    url = resolve_storage(f"sqlite:///{tmp_path}/new/optuna.db")
+    stor = st.open_storage(url)
+    assert len(calls) == 2
+    optuna.create_study(study_name="s", storage=stor).optimize(lambda t: t.suggest_float("x", 0, 1),
+                                                               n_trials=2)
+    assert len(optuna.load_study(study_name="s", storage=url).trials) == 2
+
+    class Broken(real):
+        def __init__(self, url, **kw):
+            calls.append(url)
+            raise sqlalchemy.exc.OperationalError("connect", {},
+                                                  Exception("unable to open database file"))
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", Broken)
+    calls.clear()
+    with pytest.raises(sqlalchemy.exc.OperationalError, match="unable to open"):
+        st.open_storage(url)
+    assert len(calls) == 1
+
+
+def test_processes_opening_one_new_sqlite_storage_at_once(tmp_path):
+    """Four processes open the same new SQLite file together and each adds a study: none fails."""
+    import subprocess
+    import sys
+
+    url = resolve_storage(f"sqlite:///{tmp_path}/race/optuna.db")
+    code = ("import sys, optuna; from falcon_lab.sweeps.storage import open_storage; "
+            "optuna.create_study(study_name='s'+sys.argv[2], storage=open_storage(sys.argv[1]))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, url, str(i)], stderr=subprocess.PIPE,
+                              text=True) for i in range(4)]
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, "\n".join(errs)[-3000:]
+    assert sorted(s.study_name for s in optuna.get_all_study_summaries(url)) == ["s0", "s1", "s2", "s3"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -129,6 +130,20 @@ def test_unknown_fit_key_is_named(in_tmp):
     assert sweep_main([f"ablation={p}"]) == 2  # the CLI reports it as a usage error
 
 
+def _schema_stamped(db) -> bool:
+    """Whether Optuna has finished creating a SQLite storage (read-only peek; writes nothing)."""
+    if not db.exists():
+        return False
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return con.execute("SELECT count(*) FROM alembic_version").fetchone()[0] > 0
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+
+
 def test_sigkill_mid_trial_resumes_from_checkpoint(in_tmp):
     """Kill the sweep process while its second trial trains; the restarted sweep marks that trial
     FAIL, reruns its parameters from its last checkpoint, and never retrains finished trials."""
@@ -153,8 +168,11 @@ def test_sigkill_mid_trial_resumes_from_checkpoint(in_tmp):
         nonlocal stor
         try:
             if stor is None:
-                # a read-only observer: never create tables, or it races the sweep's own schema
-                # creation on the new SQLite file ("table study_directions already exists")
+                # an observer must not open Optuna's storage before the sweep has stamped the new
+                # SQLite file's schema: even with skip_table_creation, RDBStorage stamps the schema
+                # version itself and races the sweep ("UNIQUE constraint failed: alembic_version")
+                if not _schema_stamped(tmp_path / "sweeps" / "optuna.db"):
+                    return None
                 stor = optuna.storages.RDBStorage(storage, skip_compatibility_check=True,
                                                   skip_table_creation=True)
             ts = stor.get_all_trials(stor.get_study_id_from_name("killme"), deepcopy=False)

@@ -81,7 +81,28 @@ def open_storage(url: str):
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         # several worker processes write one SQLite file: wait for the lock instead of failing
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}
-    return optuna.storages.RDBStorage(url, **kwargs)
+    return _open_rdb(url, kwargs)
+
+
+def _open_rdb(url: str, kwargs: dict, tries: int = 5):
+    """``RDBStorage`` that survives a schema-creation race on a new database.
+
+    Two processes opening one new SQLite file at once (two sweeps started together, or a sweep and
+    an observer such as ``optuna-dashboard``) both try to stamp Optuna's schema version; the loser
+    gets ``UNIQUE constraint failed: alembic_version...`` or ``table ... already exists``. By then
+    the winner has created the schema, so opening again succeeds (ours)."""
+    import optuna
+    import sqlalchemy.exc
+
+    for attempt in range(tries):
+        try:
+            return optuna.storages.RDBStorage(url, **kwargs)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as e:
+            msg = str(e)
+            racing = "already exists" in msg or "UNIQUE constraint failed" in msg
+            if not racing or attempt == tries - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def describe(url: str) -> str:
