@@ -21,11 +21,13 @@ The tiling changes cost only: every tile size gives the same result to rounding.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 PER_COLUMN_TILE = 8  # ours: the time tile of Falcon-2/2A (exact for any value; measured fastest on CPU)
@@ -104,7 +106,7 @@ def core_chunk(
     m_strict = idx[:, None] > idx[None, :]
 
     if per_col:
-        o, S = _per_column(qc, xs, vs, ec, u, u_prev, u_read, m_read, m_strict, S, delta)
+        o, S = _per_column_recomputed(qc, xs, vs, ec, gc, S, delta=delta, read_after=read_after)
     else:
         # decay-and-step matrix of the read-out: Dr[i, s] = [s ≤ i] e^{u^r_i - u_s} η_s
         Dr = _masked_exp(u_read[..., :, None] - u[..., None, :], m_read) * ec[..., None, :]
@@ -148,6 +150,29 @@ def core_chunk(
         o = torch.stack(outs, dim=2)  # [B, H, N, C, V]
     o = o.reshape(Bsz, H, N * C, V)[:, :, :T].transpose(1, 2)
     return o.to(q.dtype), S
+
+
+def _per_column_from_gates(qc, xs, vs, ec, gc, S, *, delta: bool, read_after: bool):
+    u = gc.cumsum(3)
+    u_prev = torch.cat([torch.zeros_like(u[:, :, :, :1]), u[:, :, :, :-1]], dim=3)
+    u_read = u if read_after else u_prev
+    idx = torch.arange(qc.shape[3], device=qc.device)
+    m_read = idx[:, None] >= idx[None, :] if read_after else idx[:, None] > idx[None, :]
+    m_strict = idx[:, None] > idx[None, :]
+    return _per_column(qc, xs, vs, ec, u, u_prev, u_read, m_read, m_strict, S, delta)
+
+
+def _per_column_recomputed(qc, xs, vs, ec, gc, S, *, delta: bool, read_after: bool):
+    """Falcon-2 / 2A under activation recomputation when autograd needs it (ours). Their per-column
+    decay masks make autograd keep about a dozen [.., V, C, C] tensors, ~450 KB per token per layer
+    at H = 6, K = V = 128 (measured with saved-tensor hooks): 175 GB for the small model's 32768-token
+    step, which ran out of memory on the H200. Recomputing the op in backward keeps only its inputs
+    (one extra forward of the op; the [.., V, C, C] tensors of one layer exist only transiently)."""
+    fn = functools.partial(_per_column_from_gates, delta=delta, read_after=read_after)
+    args = (qc, xs, vs, ec, gc, S)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in args):
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
 
 
 def _per_column(qc, xs, vs, ec, u, u_prev, u_read, m_read, m_strict, S, delta):
