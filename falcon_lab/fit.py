@@ -24,8 +24,13 @@ def main(cfg: DictConfig) -> float:
     res = run(cfg)
     if res.get("global_rank", 0) != 0:  # DDP: only rank 0 reports
         return float(res["val_loss"])
-    print(f"\n[falcon_lab] done: {res['steps']} steps, best val/loss {res['val_loss']:.4f} "
-          f"(ppl {2.718281828 ** res['val_loss']:.2f})", flush=True)
+    if res["history"].get("val/loss"):
+        print(f"\n[falcon_lab] done: {res['steps']} steps, best val/loss {res['val_loss']:.4f} "
+              f"(ppl {2.718281828 ** res['val_loss']:.2f})", flush=True)
+    else:  # not a divergence: the run ended before its first validation
+        print(f"\n[falcon_lab] done: {res['steps']} steps, no validation ran (trainer.val_check_interval="
+              f"{cfg.trainer.get('val_check_interval')}, trainer.limit_val_batches="
+              f"{cfg.trainer.get('limit_val_batches')}): no val/loss to report", flush=True)
     if "val/shuffle_gap" in res["metrics"]:
         print(f"[falcon_lab] real vs shuffled verse: +{res['metrics']['val/shuffle_gap']:.3f} nats/token for "
               f"shuffled, real preferred in {100 * res['metrics']['val/shuffle_win_rate']:.0f}% of verses")
