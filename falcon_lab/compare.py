@@ -99,6 +99,9 @@ def compare(experiment_name: str, tracking_uri: str | None = None, out_dir: str 
         names = sorted(e.name for e in client.search_experiments())
         raise ValueError(f"experiment={experiment_name!r}: not in {uri} (experiments: {names})")
     runs = client.search_runs([exp.experiment_id], max_results=1000, order_by=["attributes.start_time ASC"])
+    # a sweep's parent run holds no model metrics of its own: its trials are the rows
+    parents = [r for r in runs if r.data.tags.get("falcon_lab.sweep") == "parent"]
+    runs = [r for r in runs if r.data.tags.get("falcon_lab.sweep") != "parent"]
     if not runs:
         raise ValueError(f"experiment={experiment_name!r}: no runs")
     # columns
@@ -129,8 +132,11 @@ def compare(experiment_name: str, tracking_uri: str | None = None, out_dir: str 
     out.mkdir(parents=True, exist_ok=True)
     head = ["run", "id", "mixer", "status", "params", "state/seq"] + [cols[i][0] for i in used]
     lines = [f"# {experiment_name}: {len(rows)} runs", "",
-             f"MLflow: `{uri}`, experiment id {exp.experiment_id}. Best value per column in **bold**.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"MLflow: `{uri}`, experiment id {exp.experiment_id}. Best value per column in **bold**.", ""]
+    if parents:
+        lines += ["Sweep parent runs (their trials are the rows): " + ", ".join(
+            f"{r.data.tags.get('mlflow.runName', r.info.run_id[:8])} ({r.info.run_id[:8]})" for r in parents), ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     best = {}
     for i in used:
         vs = [row["vals"][i] for row in rows if row["vals"][i] is not None]

@@ -32,7 +32,7 @@ def main(cfg: DictConfig) -> float:
               f"{cfg.trainer.get('val_check_interval')}, trainer.limit_val_batches="
               f"{cfg.trainer.get('limit_val_batches')}): no val/loss to report", flush=True)
     if "val/shuffle_gap" in res["metrics"]:
-        print(f"[falcon_lab] real vs shuffled verse: +{res['metrics']['val/shuffle_gap']:.3f} nats/token for "
+        print(f"[falcon_lab] real vs shuffled verse: {res['metrics']['val/shuffle_gap']:+.3f} nats/token for "
               f"shuffled, real preferred in {100 * res['metrics']['val/shuffle_win_rate']:.0f}% of verses")
     print(f"[falcon_lab] run dir: {res['run_dir']}\n[falcon_lab] checkpoint: {res['ckpt_path']}")
     if res["run_id"]:

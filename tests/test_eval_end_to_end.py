@@ -101,9 +101,14 @@ def test_compare_gathers_experiment(trained):
     evaluate(compose_eval([f"ckpt={res['last_ckpt_path']}", "suites=[mqar,addition]", "mqar.grid=[[2,16]]",
                            "mqar.n_examples=2", "addition.n_examples=2", "addition.widths=[33]",
                            "addition.val_widths=[2]", "addition.free_running=false", "device=cpu"]))
+    from falcon_lab.sweeps.tracking import open_parent
+    parent = open_parent(uri, "e2e_eval", "a_study", None, {"n_trials": 3})  # a sweep in the experiment
     out = compare(experiment_name="e2e_eval", tracking_uri=uri, out_dir=str(tmp / "cmp"))
     md = Path(out["markdown"]).read_text()
     assert res["run_id"][:8] in md
+    # the sweep's parent run is named above the table, not a row of empty cells
+    assert parent not in {r["run_id"] for r in out["rows"]}
+    assert f"Sweep parent runs (their trials are the rows): sweep-a_study ({parent[:8]})" in md
     assert {"val loss (best)", "val ppl (best)", "tokens/s", "mqar/acc_mean"} <= set(out["columns"])
     row = next(r for r in out["rows"] if r["run_id"] == res["run_id"])
     vals = dict(zip(out["columns"], row["vals"]))
