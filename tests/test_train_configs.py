@@ -73,6 +73,10 @@ def test_typo_keys_are_rejected_by_name():
     (["data.name=nope"], "data.name"),
     (["model.d_model=0"], "model.d_model"),
     (["ckpt_path=/nonexistent.ckpt"], "ckpt_path"),
+    (["optim.lr=abc"], "optim.lr"),                                # Hydra passes it as a string
+    (["mixer.eta_max=lots"], "mixer.eta_max"),
+    (["mixer.chunk_size=big"], "mixer.chunk_size"),
+    (["trainer.val_check_interval=often"], "trainer.val_check_interval"),
 ])
 def test_bad_values_fail_before_compute_naming_the_key(overrides, key):
     cfg = compose(overrides)

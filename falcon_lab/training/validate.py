@@ -24,6 +24,17 @@ def _pos_int(cfg, key):
     return v
 
 
+def _number(value, key: str, kind=float):
+    """value as a float (or int), or a ConfigError naming the key (Hydra passes `optim.lr=abc` as a
+    string)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: must be a number, got {value!r}")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: must be a number, got {value!r}") from None
+
+
 def _falcon_defaults() -> dict:
     from importlib import resources
 
@@ -62,7 +73,7 @@ def validate_config(cfg: DictConfig) -> None:
     for key in ("model.d_model", "model.n_layers", "model.n_heads", "model.head_dim", "data.seq_len",
                 "data.batch_size", "trainer.max_steps"):
         _pos_int(cfg, key)
-    if float(_need(cfg, "optim.lr")) <= 0:
+    if _number(_need(cfg, "optim.lr"), "optim.lr") <= 0:
         raise ConfigError(f"optim.lr: must be > 0, got {cfg.optim.lr}")
     # ---- mixer
     mixer = OmegaConf.to_container(_need(cfg, "mixer"), resolve=True)
@@ -90,10 +101,10 @@ def validate_config(cfg: DictConfig) -> None:
         if not isinstance(mixer.get("shift", True), bool):
             raise ConfigError(f"mixer.shift: must be true or false, got {mixer.get('shift')!r}")
         for k in ("eps", "eps_gamma", "lam_scale", "beta_max", "eta_max"):
-            if k in mixer and not (float(mixer[k]) >= 0):
+            if k in mixer and not (_number(mixer[k], f"mixer.{k}") >= 0):
                 raise ConfigError(f"mixer.{k}: must be >= 0, got {mixer[k]!r}")
         _check_applicability(mixer)
-        if mixer.get("chunk_size", 64) < 1:
+        if _number(mixer.get("chunk_size", 64), "mixer.chunk_size", int) < 1:
             raise ConfigError(f"mixer.chunk_size: must be >= 1, got {mixer.get('chunk_size')}")
     # ---- data
     try:
@@ -122,5 +133,6 @@ def validate_config(cfg: DictConfig) -> None:
     ck = cfg.get("ckpt_path")
     if ck and ck not in ("last",) and not os.path.isfile(str(ck)):
         raise ConfigError(f"ckpt_path: no checkpoint file at {ck!r}")
-    if cfg.trainer.get("val_check_interval") is not None and int(cfg.trainer.val_check_interval) < 1:
+    if cfg.trainer.get("val_check_interval") is not None and \
+            _number(cfg.trainer.val_check_interval, "trainer.val_check_interval", int) < 1:
         raise ConfigError("trainer.val_check_interval: must be >= 1 (steps)")
