@@ -238,3 +238,15 @@ def test_bench_model_static_kv_rows(tmp_path):
     res = json.loads((out / "model_cpu.json").read_text())
     mixers = {r["mixer"] for r in res["rows"]}
     assert mixers == {"transformer+statickv", "falcon-1A"} and not [r for r in res["rows"] if r.get("error")]
+
+
+def test_cpu_run_defaults_to_a_cpu_sized_step(tmp_path, capsys):
+    """Without --tokens-per-step a CPU run takes 2048 tokens per step and says so (the GPU protocol's
+    32768 tokens x 50304 logits alone is 6.6 GB on the host); batch = 2048 // seq_len."""
+    out = tmp_path / "res"
+    bench_main(["model", "--size", "tiny", "--device", "cpu", "--quick", "--mixers", "retnet", "--seq-lens", "256",
+                "--contexts", "", "--vocab", "256", "--threads", "1", "--out", str(out)])
+    res = json.loads((out / "model_cpu.json").read_text())
+    assert res["tokens_per_step"] == 2048
+    assert {(r["metric"], r["batch"]) for r in res["rows"]} >= {("train_tokens_per_s", 8)}
+    assert "CPU: 2048 tokens per step" in capsys.readouterr().out

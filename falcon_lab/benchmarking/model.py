@@ -672,6 +672,10 @@ def merge_results(paths, out="benchmarks/results") -> dict:
     return res
 
 
+GPU_TOKENS_PER_STEP = 32768  # issue 7's protocol
+CPU_TOKENS_PER_STEP = 2048  # ours: a CPU smoke run of the harness, not a measurement to compare
+
+
 def _ints(s, flag):
     try:
         return [int(x) for x in str(s).split(",") if x.strip()]
@@ -701,7 +705,16 @@ def main(a):
     decode_steps = a.decode_steps if a.decode_steps is not None else (3 if a.quick else 50)
     if a.threads:
         torch.set_num_threads(a.threads)
-    return run(mixers, size=a.size, seq_lens=seq_lens, tokens_per_step=a.tokens_per_step, contexts=contexts,
+    tokens_per_step = a.tokens_per_step
+    if tokens_per_step is None:
+        on_cpu = (a.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
+        tokens_per_step = CPU_TOKENS_PER_STEP if on_cpu else GPU_TOKENS_PER_STEP
+        if on_cpu:  # 32768 tokens x 50304 logits is 6.6 GB of fp32 logits alone: a CPU host swaps or dies
+            print(f"[bench model] CPU: {tokens_per_step} tokens per step (the GPU default is "
+                  f"{GPU_TOKENS_PER_STEP}; set --tokens-per-step to change)", flush=True)
+    elif tokens_per_step < 1:
+        raise ValueError(f"--tokens-per-step: must be >= 1, got {tokens_per_step}")
+    return run(mixers, size=a.size, seq_lens=seq_lens, tokens_per_step=tokens_per_step, contexts=contexts,
                batches=batches, steps=steps, warmup=warmup, decode_steps=decode_steps, out=a.out, device=a.device,
                cuda_graphs=a.cuda_graphs, use_mlflow=a.mlflow, peak_flops=a.peak_flops, vocab=a.vocab,
                prefill_reps=a.prefill_reps or (1 if a.quick else 3), fresh=a.fresh, prefill_chunk=a.prefill_chunk,
@@ -713,7 +726,9 @@ def add_parser(sub):
     m.add_argument("--size", default="small", help="model size preset: tiny | small | medium (default small)")
     m.add_argument("--mixers", default=None, help="comma-separated subset of " + ",".join(DEFAULT_MIXERS))
     m.add_argument("--seq-lens", default="2048,8192,32768", help="training sequence lengths")
-    m.add_argument("--tokens-per-step", type=int, default=32768, help="batch = tokens_per_step // seq_len")
+    m.add_argument("--tokens-per-step", type=int, default=None,
+                   help=f"batch = tokens_per_step // seq_len (default {GPU_TOKENS_PER_STEP} on CUDA, "
+                        f"{CPU_TOKENS_PER_STEP} on CPU)")
     m.add_argument("--contexts", default="1024,4096,16384,65536", help="decode contexts (prefilled)")
     m.add_argument("--batches", default="1,16", help="decode batch sizes")
     m.add_argument("--steps", type=int, default=None, help="timed training steps (default 10; 2 with --quick)")
