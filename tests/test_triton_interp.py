@@ -44,6 +44,12 @@ CASES.append(_c("F2A-before-C32-V20", delta=False, per_col=True, after=False, C=
 CASES.append(_c("F2A-C64-strong-decay-no-S0", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
                 strong=True, s0=False, seed=15))
 CASES.append(_c("F2A-fp16", delta=False, per_col=True, dtype="float16", seed=16))
+CASES.append(_c("F2-after", delta=True, per_col=True, seed=17))
+CASES.append(_c("F2-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=18))
+CASES.append(_c("F2-C64-strong-decay-no-S0", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
+                strong=True, s0=False, seed=19))
+CASES.append(_c("F2-fp16", delta=True, per_col=True, dtype="float16", seed=20))
+CASES.append(_c("F2-K48-V80-before", delta=True, per_col=True, after=False, T=50, B=1, H=1, K=48, V=80, seed=22))
 DECODE = []
 for delta in (True, False):
     for per_col, W in ((False, 1), (True, 1), (False, 4)):
@@ -53,7 +59,7 @@ for delta in (True, False):
                                K=16, V=32, W=W, delta=delta, after=after, per_col=per_col, seed=11))
 
 
-API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21) for v in ("1", "1A", "3A", "3", "2A")]
+API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21) for v in ("1", "1A", "3A", "3", "2A", "2")]
 
 
 @pytest.fixture(scope="module")

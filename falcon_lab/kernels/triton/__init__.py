@@ -15,8 +15,9 @@ What runs where (docs/kernels-triton.md):
     of a step uses S_{t-1}). Proven on the H200 (W = 4, bf16 and fp32, fwd+bwd, through the op);
   * per-column gates, linear (Falcon-2A): percol.py, exact [C, C, 4]-column broadcast for the
     intra-chunk decays. Proven on the H200 (bf16 and fp32, fwd+bwd, through the op);
-  * per-column gates with delta (Falcon-2): NOT implemented in Triton; `supports()` says False and
-    `core` raises NotImplementedError (the api falls back to the torch chunk core).
+  * per-column gates with delta (Falcon-2): percol_delta.py, per-column forward/backward substitution
+    in the state passes, the rest shared with Falcon-2A. Tested under the interpreter only, NOT on a
+    GPU: off on CUDA unless FALCON_TRITON_UNPROVEN=1 (without it backend=None runs the torch core there).
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
 before triton is first imported (the tests start a subprocess for that).
 """
@@ -31,6 +32,7 @@ import torch
 from .chunk import ChunkFalconScalar
 from .decode import decode_step
 from .percol import ChunkFalconPerColumnLinear
+from .percol_delta import ChunkFalconPerColumnDelta
 
 __all__ = ["core", "supports", "decode_step", "interpreter_active"]
 
@@ -71,8 +73,6 @@ def supports(*, per_column: bool, delta: bool, window: int, T: int = 2, grad: bo
     key = (per_column, delta, window > 1)
     if T == 1 and not grad:
         return key in PROVEN_DECODE or unproven_ok
-    if per_column and delta:  # Falcon-2's per-column solves are not built in Triton
-        return False
     if per_column and window > 1:
         return False
     if delta and window > 1 and 16 % window:  # Falcon-3's pseudo-token tiles need W | 16
@@ -117,7 +117,9 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     if not supports(per_column=per_column, delta=delta, window=W, T=T, grad=grad, device_type=q.device.type):
         raise NotImplementedError(
             "backend='triton' has no chunk kernel for "
-            + ("per-column gates (variants 2, 2A)" if per_column else
+            + (f"per-column gates (variant {'2' if delta else '2A'}) with window={W} on {q.device.type}"
+               + ("" if W > 1 else " (on CUDA: FALCON_TRITON_UNPROVEN=1 until it is checked on the GPU)")
+               if per_column else
                f"windowed regression (variant 3) with window={W} on {q.device.type} (needs a window dividing 16; "
                "on CUDA also FALCON_TRITON_UNPROVEN=1 until it is checked on the GPU)")
             + "; use backend='torch'")
@@ -127,6 +129,8 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     eta = eta.float().contiguous()
     g = g.float().contiguous()
     S0 = S0.float().contiguous() if S0 is not None else None
+    if per_column and delta:
+        return ChunkFalconPerColumnDelta.apply(q, xw, vw, eta, g, S0, read_after, chunk_size, tf32)
     if per_column:
         return ChunkFalconPerColumnLinear.apply(q, xw, vw, eta, g, S0, read_after, chunk_size, tf32)
     if W == 1:

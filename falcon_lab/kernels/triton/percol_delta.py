@@ -1,0 +1,331 @@
+"""Triton chunk kernels for per-value-column gates, regression objective (Falcon-2), forward and backward.
+
+    S_t = S_{t-1} diag(γ_t) + x_t (η_t ⊙ (v_t - S_{t-1}ᵀ x_t))ᵀ ,   γ_t, η_t ∈ R^V
+
+Per chunk of C steps with start state S, per value column c (falcon-math.md §6.5, stable form; u the
+inclusive and u⁻ the exclusive local log-decay prefix of column c):
+
+    (I + L_c) R_c = V_c - e^{u⁻_c} ⊙ (X S)_c ,   L_c[i, s] = [s < i] (x_i·x_s) e^{u⁻_{i,c} - u_{s,c}} η_{s,c}
+    O_c = e^{u^r_c} ⊙ (Q S)_c + Σ_{s ≤ i | s < i} (q_i·x_s) e^{u^r_{i,c} - u_{s,c}} η_{s,c} R_{s,c}
+    S'_c = e^{u_{C,c}} S_c + Xᵀ (e^{u_C - u} ⊙ η ⊙ R)_c
+
+Given R, the read-out and the state update are Falcon-2A's with R in place of V, so the output pass and
+most of the backward reuse percol.py's kernels. New here (ours):
+  * the sequential state pass solves the d_v per-column unit-lower-triangular systems by forward
+    substitution, a [C, BV] update per step (the systems cannot share an inverse across columns, so
+    there is no tensor-core form; falcon-math.md §6.5 cost caveat), and stores R;
+  * backward: dU (the gradient of η ⊙ R) from the read-out and the carried state, the transposed
+    solves by backward substitution inside the reverse state pass (dS needs Xᵀ of their result), then
+    the solve's own gradients (of the Gram, the decays, η, v and X S) in a parallel pass.
+Every exponent is a difference u_a - u_b with b <= a, so it is <= 0.
+
+Status: tested under the Triton interpreter against the float64 loop (tests/test_triton_interp.py);
+NOT run on a GPU (no device time was left): off on CUDA unless FALCON_TRITON_UNPROVEN=1. Prove it with
+`FALCON_TRITON_UNPROVEN=1 python -m falcon_lab.bench check --variants 2`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .chunk import _cfg, _empty, _prec, _stages
+from .percol import SB, _pc_bwd_main, _pc_fwd_inter, _pc_fwd_intra
+
+
+@triton.jit
+def _pcd_fwd_state(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K: tl.constexpr,
+                   V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   HAS_S0: tl.constexpr, PREC: tl.constexpr):
+    vb = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    smask = kmask[:, None] & vmask[None, :]
+    soff = ck[:, None] * V + cv[None, :]
+    bh64 = bh.to(tl.int64)
+    if HAS_S0:
+        S = tl.load(S0 + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    for n in range(0, NT):
+        tl.store(HS + (bh64 * NT + n) * K * V + soff, S, mask=smask)
+        rows = n * C + i
+        rmask = rows < T
+        tok = (b * T + rows).to(tl.int64) * H + h
+        x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+        vm = rmask[:, None] & vmask[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        v = tl.load(VV + off, mask=vm, other=0.).to(tl.float32)
+        eta = tl.load(ETA + off, mask=vm, other=0.)
+        g = tl.load(G + off, mask=vm, other=0.)
+        u = tl.cumsum(g, 0)
+        up = u - g
+        uC = tl.sum(g, 0)
+        gram = tl.dot(x, tl.trans(x), input_precision=PREC)  # [C, C]
+        R = v - tl.exp(up) * tl.dot(x, S.to(x.dtype), input_precision=PREC)
+        # forward substitution, column-oriented: R_s is final once rows < s are done
+        for s in range(0, C):
+            sel = i == s
+            r_s = tl.sum(tl.where(sel[:, None], R, 0.), 0)
+            u_s = tl.sum(tl.where(sel[:, None], u, 0.), 0)
+            e_s = tl.sum(tl.where(sel[:, None], eta, 0.), 0)
+            g_s = tl.sum(tl.where(sel[None, :], gram, 0.), 1)  # (x_i·x_s) over i
+            coef = tl.where((i > s)[:, None], g_s[:, None] * tl.exp(tl.minimum(up - u_s[None, :], 0.)), 0.)
+            R = R - coef * (e_s * r_s)[None, :]
+        tl.store(RR + off, R, mask=vm)
+        w = R * eta * tl.exp(tl.minimum(uC[None, :] - u, 0.))
+        S = S * tl.exp(uC)[None, :] + tl.dot(tl.trans(x), w.to(x.dtype), input_precision=PREC)
+    tl.store(ST + bh64 * K * V + soff, S, mask=smask)
+
+
+@triton.jit
+def _pcd_bwd_dui(Q, X, G, DO, DUI, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                 BK: tl.constexpr, SB: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+    """The read-out's gradient of U = η ⊙ R: Σ_i (q_i·x_s) e^{u^r_i - u_s} dO_i (state-independent)."""
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    rows = n * C + i
+    rmask = rows < T
+    tok = (b * T + rows).to(tl.int64) * H + h
+    ck = tl.arange(0, BK)
+    km = rmask[:, None] & (ck < K)[None, :]
+    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    x = tl.load(X + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    if READ_AFTER:
+        causal = i[:, None] >= i[None, :]
+    else:
+        causal = i[:, None] > i[None, :]
+    P = tl.where(causal, tl.dot(q, tl.trans(x), input_precision=PREC), 0.)
+    for vb in range(0, tl.cdiv(V, SB)):
+        cv = vb * SB + tl.arange(0, SB)
+        vm = rmask[:, None] & (cv < V)[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        g = tl.load(G + off, mask=vm, other=0.)
+        do = tl.load(DO + off, mask=vm, other=0.).to(tl.float32)
+        u = tl.cumsum(g, 0)
+        if READ_AFTER:
+            ur = u
+        else:
+            ur = u - g
+        D = tl.exp(tl.minimum(ur[:, None, :] - u[None, :, :], 0.))
+        tl.store(DUI + off, tl.sum(P[:, :, None] * D * do[:, None, :], 0), mask=vm)
+
+
+@triton.jit
+def _pcd_bwd_state(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H: tl.constexpr,
+                   K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr,
+                   PREC: tl.constexpr):
+    """Reverse state pass: dH (the gradient of the state after each chunk), the state part of dU, and
+    drhs = (I + L)^{-T} (η ⊙ dU) by backward substitution; the solve's right-hand side reads S, so
+    dH gains Xᵀ(-e^{u⁻} ⊙ drhs)."""
+    vb = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    smask = kmask[:, None] & vmask[None, :]
+    soff = ck[:, None] * V + cv[None, :]
+    bh64 = bh.to(tl.int64)
+    if HAS_DST:
+        dH = tl.load(DST + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
+    else:
+        dH = tl.zeros([BK, BV], dtype=tl.float32)
+    for nn in range(0, NT):
+        n = NT - 1 - nn
+        tl.store(DHS + (bh64 * NT + n) * K * V + soff, dH, mask=smask)
+        rows = n * C + i
+        rmask = rows < T
+        tok = (b * T + rows).to(tl.int64) * H + h
+        km = rmask[:, None] & kmask[None, :]
+        vm = rmask[:, None] & vmask[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        x = tl.load(X + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+        q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+        dt = x.dtype
+        eta = tl.load(ETA + off, mask=vm, other=0.)
+        g = tl.load(G + off, mask=vm, other=0.)
+        do = tl.load(DO + off, mask=vm, other=0.).to(tl.float32)
+        u = tl.cumsum(g, 0)
+        up = u - g
+        uC = tl.sum(g, 0)
+        if READ_AFTER:
+            ur = u
+        else:
+            ur = up
+        dsu = tl.dot(x, dH.to(dt), input_precision=PREC) * tl.exp(tl.minimum(uC[None, :] - u, 0.))
+        tl.store(DSU + off, dsu, mask=vm)
+        d = eta * (tl.load(DUI + off, mask=vm, other=0.) + dsu)
+        gram = tl.dot(x, tl.trans(x), input_precision=PREC)
+        # backward substitution with (I + L)ᵀ: d_r is final once rows > r are done
+        for rr in range(0, C):
+            r = C - 1 - rr
+            sel = i == r
+            d_r = tl.sum(tl.where(sel[:, None], d, 0.), 0)
+            up_r = tl.sum(tl.where(sel[:, None], up, 0.), 0)
+            g_r = tl.sum(tl.where(sel[:, None], gram, 0.), 0)  # (x_r·x_s) over s
+            coef = tl.where((i < r)[:, None], g_r[:, None] * tl.exp(tl.minimum(up_r[None, :] - u, 0.)) * eta, 0.)
+            d = d - coef * d_r[None, :]
+        tl.store(DRHS + off, d, mask=vm)
+        dpx = -tl.exp(up) * d
+        dH = dH * tl.exp(uC)[None, :] + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(dt), input_precision=PREC) \
+            + tl.dot(tl.trans(x), dpx.to(dt), input_precision=PREC)
+    if STORE_DS0:
+        tl.store(DS0 + bh64 * K * V + soff, dH, mask=smask)
+
+
+@triton.jit
+def _pcd_bwd_solve(X, ETA, G, HS, RR, DRHS, SUP, SU, DX32, DX, DV, DETA, DG, T, NT, H: tl.constexpr,
+                   K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   SB: tl.constexpr, PREC: tl.constexpr):
+    """The solve's own gradients, added to what _pc_bwd_main wrote (DX32 in fp32, DETA, DG). With
+    dL[i, s] = -drhs_i R_s (s < i) and ℓ the entries of L: dGram = Σ_c dL e^{u⁻_i - u_s} η_s,
+    dη_s = Σ_i dL (x_i·x_s) e^{..}, du⁻_i = Σ_s dL ℓ, du_s = -Σ_i dL ℓ; from the right-hand side
+    v - e^{u⁻} ⊙ (X S): dv = drhs, du⁻ = -drhs e^{u⁻} (X S), dX = (-e^{u⁻} drhs) Sᵀ."""
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    rows = n * C + i
+    rmask = rows < T
+    tok = (b * T + rows).to(tl.int64) * H + h
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    km = rmask[:, None] & kmask[None, :]
+    x = tl.load(X + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    dt = x.dtype
+    strict = i[:, None] > i[None, :]
+    gram = tl.where(strict, tl.dot(x, tl.trans(x), input_precision=PREC), 0.)
+    dgram = tl.zeros([C, C], dtype=tl.float32)
+    # pass 1: the [C, C, SB] terms of the per-column systems, SB columns at a time
+    for vb in range(0, tl.cdiv(V, SB)):
+        cv = vb * SB + tl.arange(0, SB)
+        vm = rmask[:, None] & (cv < V)[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        eta = tl.load(ETA + off, mask=vm, other=0.)
+        g = tl.load(G + off, mask=vm, other=0.)
+        R = tl.load(RR + off, mask=vm, other=0.)
+        d = tl.load(DRHS + off, mask=vm, other=0.)
+        u = tl.cumsum(g, 0)
+        up = u - g
+        E = tl.where(strict[:, :, None], tl.exp(tl.minimum(up[:, None, :] - u[None, :, :], 0.)), 0.)
+        dLE = -d[:, None, :] * R[None, :, :] * E                   # dL ⊙ e^{u⁻_i - u_s}: [i, s, c]
+        dgram += tl.sum(dLE * eta[None, :, :], 2)
+        Z = dLE * gram[:, :, None]                                  # dL ⊙ ℓ / η_s
+        tl.store(DETA + off, tl.load(DETA + off, mask=vm, other=0.) + tl.sum(Z, 0), mask=vm)
+        Z = Z * eta[None, :, :]
+        tl.store(SUP + off, tl.sum(Z, 1), mask=vm)
+        tl.store(SU + off, -tl.sum(Z, 0), mask=vm)
+        tl.store(DV + off, d.to(DV.dtype.element_ty), mask=vm)
+    tl.debug_barrier()
+    dx = tl.zeros([C, BK], dtype=tl.float32)
+    hbase = (bh.to(tl.int64) * NT + n) * K * V
+    # pass 2: the right-hand side's terms by value blocks, and the log-decay gradient of the solve
+    for vb in range(0, tl.cdiv(V, BV)):
+        cv = vb * BV + tl.arange(0, BV)
+        vmask = cv < V
+        vm = rmask[:, None] & vmask[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        S = tl.load(HS + hbase + ck[:, None] * V + cv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.)
+        g = tl.load(G + off, mask=vm, other=0.)
+        d = tl.load(DRHS + off, mask=vm, other=0.)
+        u = tl.cumsum(g, 0)
+        up = u - g
+        dpx = -tl.exp(up) * d
+        d_up = tl.load(SUP + off, mask=vm, other=0.) + dpx * tl.dot(x, S.to(dt), input_precision=PREC)
+        tot = tl.load(SU + off, mask=vm, other=0.) + d_up
+        dg = tl.cumsum(tot, 0, reverse=True) - d_up
+        tl.store(DG + off, tl.load(DG + off, mask=vm, other=0.) + dg, mask=vm)
+        dx += tl.dot(dpx.to(dt), tl.trans(S.to(dt)), input_precision=PREC)
+    dgs = dgram + tl.trans(dgram)
+    dx += tl.dot(dgs.to(dt), x, input_precision=PREC)
+    dx += tl.load(DX32 + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    tl.store(DX + tok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
+
+
+class ChunkFalconPerColumnDelta(torch.autograd.Function):
+    """Falcon-2 core (per-column γ, η; regression; window 1): Triton forward and backward."""
+
+    @staticmethod
+    def forward(ctx, q, x, v, eta, g, S0, read_after, C, allow_tf32):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        NT = triton.cdiv(T, C)
+        BK, BVs, BVo, BVm, wm = _cfg(K, V)
+        dev = q.device
+        prec = _prec(q.dtype, allow_tf32, dev)
+        st = _stages(q.dtype)
+        f32 = torch.float32
+        HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
+        RR = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        ST = _empty((B, H, K, V), f32, dev)
+        _pcd_fwd_state[(triton.cdiv(V, BVs), B * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T,
+                                                      NT, H, K, V, C, BK, BVs, S0 is not None, prec, **st)
+        OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        _pc_fwd_inter[(triton.cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
+                                                        prec, **st)
+        O = _empty((B, T, H, V), q.dtype, dev)
+        _pc_fwd_intra[(NT, B * H)](q, x, RR, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec,
+                                   num_warps=8, **st)
+        ctx.save_for_backward(q, x, eta, g, HS, RR)
+        ctx.cfg = (read_after, C, allow_tf32, S0 is not None, v.dtype)
+        return O, ST
+
+    @staticmethod
+    def backward(ctx, dO, dST):
+        q, x, eta, g, HS, RR = ctx.saved_tensors
+        read_after, C, allow_tf32, has_s0, v_dtype = ctx.cfg
+        B, T, H, K = q.shape
+        V = RR.shape[-1]
+        NT = triton.cdiv(T, C)
+        BK, BVs, BVo, BVm, wm = _cfg(K, V)
+        dev = q.device
+        prec = _prec(q.dtype, allow_tf32, dev)
+        st = _stages(q.dtype)
+        f32 = torch.float32
+        if dO is None:
+            dO = torch.zeros(B, T, H, V, dtype=q.dtype, device=dev)
+        dO = dO.contiguous()
+        dST = dST.contiguous().float() if dST is not None else None
+        need_ds0 = has_s0 and ctx.needs_input_grad[5]
+        DUI = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        _pcd_bwd_dui[(NT, B * H)](q, x, g, dO, DUI, T, H, K, V, C, BK, SB, read_after, prec, num_warps=8, **st)
+        DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
+        DSU = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        DRHS = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
+        _pcd_bwd_state[(triton.cdiv(V, BVs), B * H)](
+            q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS,
+            DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BVs, read_after, dST is not None, need_ds0,
+            prec, **st)
+        # Falcon-2A's backward with R as the values: dq (final), the read-out and state-update parts of
+        # dx, dη and d log γ. Its "dv" is η ⊙ dU, already used above: written to scratch.
+        DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        DGU = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        dq = _empty(q.shape, q.dtype, dev)
+        dx32 = _empty(x.shape, f32, dev)
+        scratch = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        deta = _empty(eta.shape, eta.dtype, dev)
+        dg = _empty(g.shape, g.dtype, dev)
+        _pc_bwd_main[(NT, B * H)](q, x, RR, eta, g, HS, DHS, dO, DSU, DGR, DGU, dq, dx32, scratch, deta, dg, T,
+                                  NT, H, K, V, C, BK, BVm, SB, read_after, prec, num_warps=8, **st)
+        dx = _empty(x.shape, x.dtype, dev)
+        dv = _empty((B, T, H, V), v_dtype, dev)
+        _pcd_bwd_solve[(NT, B * H)](x, eta, g, HS, RR, DRHS, DGR, DGU, dx32, dx, dv, deta, dg, T, NT, H, K, V,
+                                    C, BK, BVm, SB, prec, num_warps=8, **st)
+        return dq, dx, dv, deta, dg, DS0, None, None, None
