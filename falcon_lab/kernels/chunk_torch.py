@@ -98,16 +98,11 @@ def core_chunk(
         vs = vh.unfold(2, P, C).transpose(-1, -2)
     ec = eh.reshape(Bsz, H, N, C, *eh.shape[3:])
     gc = gh.reshape(Bsz, H, N, C, *gh.shape[3:])
-    u = gc.cumsum(3)
-    u_prev = torch.cat([torch.zeros_like(u[:, :, :, :1]), u[:, :, :, :-1]], dim=3)
-    u_read = u if read_after else u_prev
-    idx = torch.arange(C, device=q.device)
-    m_read = idx[:, None] >= idx[None, :] if read_after else idx[:, None] > idx[None, :]
-    m_strict = idx[:, None] > idx[None, :]
 
     if per_col:
         o, S = _per_column_recomputed(qc, xs, vs, ec, gc, S, delta=delta, read_after=read_after)
     else:
+        u, u_prev, u_read, m_read, m_strict = _prefixes(gc, read_after)
         # decay-and-step matrix of the read-out: Dr[i, s] = [s ≤ i] e^{u^r_i - u_s} η_s
         Dr = _masked_exp(u_read[..., :, None] - u[..., None, :], m_read) * ec[..., None, :]
         u_last = u[..., -1]  # [B, H, N]
@@ -152,14 +147,20 @@ def core_chunk(
     return o.to(q.dtype), S
 
 
-def _per_column_from_gates(qc, xs, vs, ec, gc, S, *, delta: bool, read_after: bool):
+def _prefixes(gc: torch.Tensor, read_after: bool):
+    """Per-chunk log-decay prefixes of gc [B, H, N, C, ...]: inclusive u, exclusive u⁻, the read prefix,
+    and the [C, C] masks of the read-out (s <= i after, s < i before) and of the solve (s < i)."""
     u = gc.cumsum(3)
     u_prev = torch.cat([torch.zeros_like(u[:, :, :, :1]), u[:, :, :, :-1]], dim=3)
     u_read = u if read_after else u_prev
-    idx = torch.arange(qc.shape[3], device=qc.device)
+    idx = torch.arange(gc.shape[3], device=gc.device)
     m_read = idx[:, None] >= idx[None, :] if read_after else idx[:, None] > idx[None, :]
     m_strict = idx[:, None] > idx[None, :]
-    return _per_column(qc, xs, vs, ec, u, u_prev, u_read, m_read, m_strict, S, delta)
+    return u, u_prev, u_read, m_read, m_strict
+
+
+def _per_column_from_gates(qc, xs, vs, ec, gc, S, *, delta: bool, read_after: bool):
+    return _per_column(qc, xs, vs, ec, *_prefixes(gc, read_after), S, delta)
 
 
 def _per_column_recomputed(qc, xs, vs, ec, gc, S, *, delta: bool, read_after: bool):
