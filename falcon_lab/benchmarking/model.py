@@ -290,12 +290,16 @@ def _cleanup(device):
         torch.cuda.empty_cache()
 
 
-def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=32768, contexts=(1024, 4096, 16384, 65536),
+GPU_TOKENS_PER_STEP = 32768  # issue 7's protocol
+CPU_TOKENS_PER_STEP = 2048  # ours: a CPU smoke run of the harness, not a measurement to compare
+
+
+def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=None, contexts=(1024, 4096, 16384, 65536),
         batches=(1, 16), steps=10, warmup=3, decode_steps=50, out="benchmarks/results", device=None,
         cuda_graphs=False, use_mlflow=False, peak_flops=None, vocab=VOCAB, prefill_reps=2, bf16=True, prefill_chunk=None,
         tracking_uri=None, verbose=True, fresh=False, compiled=False, static_kv=False):
     """Run the benchmark; writes model_<slug>.json after every mixer, PNG plots and model_<slug>.md.
-    Returns the result dict."""
+    tokens_per_step None: GPU_TOKENS_PER_STEP on CUDA, CPU_TOKENS_PER_STEP on CPU. Returns the result dict."""
     from falcon_lab.training.callbacks import device_peak_flops
 
     mixers = parse_mixers(",".join(mixers) if isinstance(mixers, (list, tuple)) else mixers)
@@ -303,6 +307,11 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=3276
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
     peak = device_peak_flops(peak_flops) if (device.type == "cuda" or peak_flops) else None
+    if tokens_per_step is None:
+        tokens_per_step = GPU_TOKENS_PER_STEP if device.type == "cuda" else CPU_TOKENS_PER_STEP
+        if device.type == "cpu":  # 32768 tokens x 50304 logits is 6.6 GB of fp32 logits alone
+            print(f"[bench model] CPU: {tokens_per_step} tokens per step (the GPU default is "
+                  f"{GPU_TOKENS_PER_STEP}; set --tokens-per-step to change)", flush=True)
     try:
         import triton
 
@@ -672,10 +681,6 @@ def merge_results(paths, out="benchmarks/results") -> dict:
     return res
 
 
-GPU_TOKENS_PER_STEP = 32768  # issue 7's protocol
-CPU_TOKENS_PER_STEP = 2048  # ours: a CPU smoke run of the harness, not a measurement to compare
-
-
 def _ints(s, flag):
     try:
         return [int(x) for x in str(s).split(",") if x.strip()]
@@ -705,16 +710,9 @@ def main(a):
     decode_steps = a.decode_steps if a.decode_steps is not None else (3 if a.quick else 50)
     if a.threads:
         torch.set_num_threads(a.threads)
-    tokens_per_step = a.tokens_per_step
-    if tokens_per_step is None:
-        on_cpu = (a.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
-        tokens_per_step = CPU_TOKENS_PER_STEP if on_cpu else GPU_TOKENS_PER_STEP
-        if on_cpu:  # 32768 tokens x 50304 logits is 6.6 GB of fp32 logits alone: a CPU host swaps or dies
-            print(f"[bench model] CPU: {tokens_per_step} tokens per step (the GPU default is "
-                  f"{GPU_TOKENS_PER_STEP}; set --tokens-per-step to change)", flush=True)
-    elif tokens_per_step < 1:
-        raise ValueError(f"--tokens-per-step: must be >= 1, got {tokens_per_step}")
-    return run(mixers, size=a.size, seq_lens=seq_lens, tokens_per_step=tokens_per_step, contexts=contexts,
+    if a.tokens_per_step is not None and a.tokens_per_step < 1:
+        raise ValueError(f"--tokens-per-step: must be >= 1, got {a.tokens_per_step}")
+    return run(mixers, size=a.size, seq_lens=seq_lens, tokens_per_step=a.tokens_per_step, contexts=contexts,
                batches=batches, steps=steps, warmup=warmup, decode_steps=decode_steps, out=a.out, device=a.device,
                cuda_graphs=a.cuda_graphs, use_mlflow=a.mlflow, peak_flops=a.peak_flops, vocab=a.vocab,
                prefill_reps=a.prefill_reps or (1 if a.quick else 3), fresh=a.fresh, prefill_chunk=a.prefill_chunk,

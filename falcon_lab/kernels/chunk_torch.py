@@ -159,28 +159,25 @@ def _prefixes(gc: torch.Tensor, read_after: bool):
     return u, u_prev, u_read, m_read, m_strict
 
 
-def _per_column_from_gates(qc, xs, vs, ec, gc, S, *, delta: bool, read_after: bool):
-    return _per_column(qc, xs, vs, ec, *_prefixes(gc, read_after), S, delta)
-
-
 def _per_column_recomputed(qc, xs, vs, ec, gc, S, *, delta: bool, read_after: bool):
     """Falcon-2 / 2A under activation recomputation when autograd needs it (ours). Their per-column
     decay masks make autograd keep about a dozen [.., V, C, C] tensors, ~450 KB per token per layer
     at H = 6, K = V = 128 (measured with saved-tensor hooks): 175 GB for the small model's 32768-token
     step, which ran out of memory on the H200. Recomputing the op in backward keeps only its inputs
     (one extra forward of the op; the [.., V, C, C] tensors of one layer exist only transiently)."""
-    fn = functools.partial(_per_column_from_gates, delta=delta, read_after=read_after)
+    fn = functools.partial(_per_column, delta=delta, read_after=read_after)
     args = (qc, xs, vs, ec, gc, S)
     if torch.is_grad_enabled() and any(t.requires_grad for t in args):
         return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
     return fn(*args)
 
 
-def _per_column(qc, xs, vs, ec, u, u_prev, u_read, m_read, m_strict, S, delta):
+def _per_column(qc, xs, vs, ec, gc, S, *, delta: bool, read_after: bool):
     """Falcon-2 / 2A on tiles of C steps (the caller keeps C small: the per-column decay masks are
     [C, C, V]; the C x C systems cannot share an inverse across columns, falcon-math.md §6.5).
     Everything that does not depend on the carried state is precomputed for all tiles at once, so a
     loop step is a few batched matmuls."""
+    u, u_prev, u_read, m_read, m_strict = _prefixes(gc, read_after)
     A = qc @ xs.transpose(-1, -2)  # [B,H,N,C,C]
     Dr = _masked_exp(u_read[..., :, None, :] - u[..., None, :, :], m_read[..., None])  # [B,H,N,C,C,V]
     AD = (A[..., None] * Dr * ec[..., None, :, :]).permute(0, 1, 2, 5, 3, 4).contiguous()  # [B,H,N,V,C,C]

@@ -314,15 +314,14 @@ class ChunkFalconPerColumnDelta(torch.autograd.Function):
             DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BVs, read_after, dST is not None, need_ds0,
             prec, **st)
         # Falcon-2A's backward with R as the values: dq (final), the read-out and state-update parts of
-        # dx, dη and d log γ. Its "dv" is η ⊙ dU, already used above: written to scratch.
+        # dx, dη and d log γ. Its "dv" is η ⊙ dU, already used above: written over the spent DUI.
         DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)
         DGU = torch.empty(B, T, H, V, dtype=f32, device=dev)
         dq = _empty(q.shape, q.dtype, dev)
         dx32 = _empty(x.shape, f32, dev)
-        scratch = torch.empty(B, T, H, V, dtype=f32, device=dev)
         deta = _empty(eta.shape, eta.dtype, dev)
         dg = _empty(g.shape, g.dtype, dev)
-        _pc_bwd_main[(NT, B * H)](q, x, RR, eta, g, HS, DHS, dO, DSU, DGR, DGU, dq, dx32, scratch, deta, dg, T,
+        _pc_bwd_main[(NT, B * H)](q, x, RR, eta, g, HS, DHS, dO, DSU, DGR, DGU, dq, dx32, DUI, deta, dg, T,
                                   NT, H, K, V, C, BK, BVm, SB, read_after, prec, num_warps=8, **st)
         dx = _empty(x.shape, x.dtype, dev)
         dv = _empty((B, T, H, V), v_dtype, dev)
