@@ -76,11 +76,35 @@ def decode_case(c):
     return {"o": rel(o, o_ref), "S_T": rel(s, s_ref)}
 
 
+def compile_case(c):
+    """A decoder block with every Triton path on (the op's custom operators, the fused modules) under
+    torch.compile(fullgraph=True): no graph break, and the same output and parameter gradients as eager."""
+    from falcon_lab.models import build_model
+
+    torch.manual_seed(c["seed"])
+    mix = dict(name="falcon", variant=c["variant"], backend="triton", module_backend="triton", chunk_size=16)
+    blk = build_model(dict(d_model=32, n_layers=1, n_heads=2, head_dim=16), mix, vocab_size=64).blocks[0]
+    h = torch.randn(2, 20, 32)
+
+    def f(h):
+        return blk(h)[0]
+
+    params = list(blk.parameters())
+    ref = f(h)
+    gref = torch.autograd.grad(ref.square().sum(), params)
+    torch._dynamo.reset()
+    out = torch.compile(f, backend="aot_eager", fullgraph=True)(h)
+    g = torch.autograd.grad(out.square().sum(), params)
+    return {"max_abs_diff": max(float((a - b).abs().max()) for a, b in zip((out, *g), (ref, *gref)))}
+
+
 if __name__ == "__main__":
     cases = json.loads(sys.argv[1])
     for c in cases:
         try:
-            if c.get("api"):
+            if c.get("compile"):
+                res = compile_case(c)
+            elif c.get("api"):
                 from falcon_lab.benchmarking.gpu_check import check_api
 
                 res = check_api(variant=c["variant"], dtype=c["dtype"], K=16, dev="cpu", seed=c["seed"])

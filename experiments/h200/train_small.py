@@ -21,6 +21,10 @@ MODELS = {
     "1a_3": ["mixer=falcon", "mixer.variant=1A", "mixer.preset='.3'"],
     "1_3": ["mixer=falcon", "mixer.variant=1", "mixer.preset='.3'"],
     "transformer": ["mixer=attention"],
+    # the fast-layers issue's correctness run: the same model eager, with the torch modules (the path
+    # before the fusion) against the default (compiled, Triton modules)
+    "1a_3_unfused": ["mixer=falcon", "mixer.variant=1A", "mixer.preset='.3'", "model.compile=false",
+                     "mixer.module_backend=torch", "model.loss_impl=materialized"],
 }
 
 

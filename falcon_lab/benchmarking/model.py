@@ -18,7 +18,7 @@ Choices marked (ours) are not fixed by the issue or the paper.
 """
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import json
 import math
 import statistics
@@ -27,7 +27,6 @@ import traceback
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from falcon_lab.models.graph_step import GraphStep, state_leaves
 
@@ -121,12 +120,23 @@ def mixer_labels(name: str, cfg) -> dict:
     return {"mixer": name, "variant": None, "preset": None}
 
 
-def _label(name: str, cuda_graphs: bool, compiled: bool = False, static_kv: bool = False) -> str:
-    """Row label: `<mixer>+graph` for a --cuda-graphs run, `<mixer>+compile` for --compile, and
-    `transformer+statickv` for --static-kv (ours), so such rows of one mixer live side by side with the
-    eager ones in one results file, table and plot (eager-vs-eager comparisons stay fair)."""
-    return (name + ("+statickv" if static_kv and name == "transformer" else "") + ("+compile" if compiled else "")
-            + ("+graph" if cuda_graphs else ""))
+def _label(name: str, cuda_graphs: bool, compiled: bool = False, static_kv: bool = False,
+           loss_tag: str | None = None) -> str:
+    """Row label: `<mixer>+graph` for a --cuda-graphs run, `<mixer>+compile` for compiled blocks,
+    `transformer+statickv` for --static-kv and `+<impl>-loss` for a loss other than the default (ours), so
+    such rows of one mixer live side by side with the eager ones in one results file, table and plot."""
+    return (name + ("+statickv" if static_kv and name == "transformer" else "") + ("+compile" if compiled and name != FLA_DELTANET else "")
+            + (f"+{loss_tag}-loss" if loss_tag else "") + ("+graph" if cuda_graphs else ""))
+
+
+def _tagged(label: str, tag: str | None) -> str:
+    return f"{label}+{tag}" if tag else label
+
+
+def _default_loss_impl() -> str:
+    from falcon_lab.training.config import compose
+
+    return str(compose(["model=tiny"]).model.get("loss_impl", "chunked"))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -165,8 +175,24 @@ def _logits(model, ids):
     return out.logits if hasattr(out, "logits") else out
 
 
-def bench_train(model, device, seq_len, tokens_per_step, steps, warmup, vocab, bf16=True, peak_flops=None):
-    """Median tokens/s of forward+backward+AdamW; returns a dict of measurements."""
+def train_loss(model, x, y):
+    """Mean next-token NLL through the platform's one loss path (falcon_lab/models/loss.py): platform
+    models compute it inside their forward; fla's model gives its backbone's hidden states to the same
+    function with its own output embedding, so every model is timed with the same loss."""
+    if hasattr(model, "loss_impl"):
+        nll, n = model(x, labels=y)
+    else:  # a Hugging Face causal LM (fla): backbone, then our loss with its LM head
+        from falcon_lab.models.loss import lm_nll
+
+        h = model.model(input_ids=x).last_hidden_state
+        nll, n = lm_nll(h, model.lm_head.weight, y, impl=model.falcon_loss_impl)
+    return nll / n.clamp(min=1)
+
+
+def bench_train(model, device, seq_len, tokens_per_step, steps, warmup, vocab, bf16=True, peak_flops=None,
+                profile_out=None):
+    """Median tokens/s of forward+backward+AdamW; returns a dict of measurements. profile_out: a dict
+    that receives the CUDA-time breakdown of one more step (falcon_lab/benchmarking/profile.py)."""
     B = max(1, tokens_per_step // seq_len)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1,
@@ -177,19 +203,27 @@ def bench_train(model, device, seq_len, tokens_per_step, steps, warmup, vocab, b
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
+
+    def one_step():
+        with _autocast(device, bf16):
+            loss = train_loss(model, x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
     times = []
     for i in range(warmup + steps):
         with _Timer(device) as t:
-            with _autocast(device, bf16):
-                logits = _logits(model, x)
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            loss = one_step()
         if i >= warmup:
             times.append(t.s)
         if not math.isfinite(float(loss.detach())):
             raise RuntimeError(f"training loss is {float(loss.detach())}")
+    if profile_out is not None:
+        from falcon_lab.benchmarking.profile import profile_step
+
+        profile_out.update(profile_step(one_step, device))
     med = statistics.median(times)
     out = {"batch": B, "tokens_per_s": B * seq_len / med, "step_s": med, "n_timed": len(times)}
     if device.type == "cuda":
@@ -297,15 +331,33 @@ CPU_TOKENS_PER_STEP = 2048  # ours: a CPU smoke run of the harness, not a measur
 def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=None, contexts=(1024, 4096, 16384, 65536),
         batches=(1, 16), steps=10, warmup=3, decode_steps=50, out="benchmarks/results", device=None,
         cuda_graphs=False, use_mlflow=False, peak_flops=None, vocab=VOCAB, prefill_reps=2, bf16=True, prefill_chunk=None,
-        tracking_uri=None, verbose=True, fresh=False, compiled=False, static_kv=False):
+        tracking_uri=None, verbose=True, fresh=False, compiled=None, static_kv=False, loss_impl=None,
+        profile=False, overrides=(), tag=None):
     """Run the benchmark; writes model_<slug>.json after every mixer, PNG plots and model_<slug>.md.
-    tokens_per_step None: GPU_TOKENS_PER_STEP on CUDA, CPU_TOKENS_PER_STEP on CPU. Returns the result dict."""
+    tokens_per_step None: GPU_TOKENS_PER_STEP on CUDA, CPU_TOKENS_PER_STEP on CPU. compiled None: the
+    training default (model.compile=auto: compiled on CUDA, eager on CPU). loss_impl None: the model
+    config's default (model.loss_impl); another value labels the rows `+<impl>-loss`. profile: one more
+    training step per mixer at the first length under torch.profiler (rows `train_profile`). Returns the
+    result dict. overrides: more Hydra overrides for the platform's models (e.g. mixer.module_backend=torch),
+    with `tag` appended to their labels (`<mixer>+<tag>`) so such rows stand beside the default ones."""
     from falcon_lab.training.callbacks import device_peak_flops
 
     mixers = parse_mixers(",".join(mixers) if isinstance(mixers, (list, tuple)) else mixers)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
+    from falcon_lab.models.loss import LOSS_IMPLS
+
+    if loss_impl is not None and loss_impl not in LOSS_IMPLS:
+        raise ValueError(f"--loss-impl: {loss_impl!r} is not one of {LOSS_IMPLS}")
+    if compiled is None:
+        from falcon_lab.training.api import resolve_compile
+
+        compiled = resolve_compile("auto", device.type)
+    default_loss = _default_loss_impl()
+    loss_tag = loss_impl if loss_impl not in (None, default_loss) else None
+    if overrides and not tag:
+        raise ValueError("--override needs --tag (a label suffix for the rows it changes)")
     peak = device_peak_flops(peak_flops) if (device.type == "cuda" or peak_flops) else None
     if tokens_per_step is None:
         tokens_per_step = GPU_TOKENS_PER_STEP if device.type == "cuda" else CPU_TOKENS_PER_STEP
@@ -323,7 +375,7 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=None
            "torch": torch.__version__, "triton": triton_v, "commit": _commit(), "size": size,
            "vocab": vocab, "tokens_per_step": tokens_per_step, "bf16_autocast": bool(bf16 and device.type == "cuda"),
            "peak_flops": peak, "cuda_graphs": bool(cuda_graphs), "prefill_chunk": prefill_chunk,
-           "compile": bool(compiled), "rows": []}
+           "compile": bool(compiled), "loss_impl": loss_impl or default_loss, "rows": []}
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     jpath = outdir / f"model_{slug}.json"
@@ -340,11 +392,12 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=None
             if old.get(key) != res[key]:
                 raise ValueError(f"--out: {jpath} holds {key}={old.get(key)!r}, this run has {res[key]!r}; "
                                  "use another --out or --fresh")
-        labelled = {_label(n, graphs, compiled, static_kv) for n in mixers}
+        labelled = {_tagged(_label(n, graphs, compiled, static_kv, loss_tag), tag) for n in mixers}
         res["rows"] = [r for r in old.get("rows", []) if r.get("mixer") not in labelled]
     for name in mixers:
         cfg = None
-        labels = {"mixer": _label(name, graphs, compiled, static_kv), "variant": None, "preset": None}
+        labels = {"mixer": _tagged(_label(name, graphs, compiled, static_kv, loss_tag), tag), "variant": None,
+                  "preset": None}
         mrows = []
 
         def add(seq_len, batch, metric, value, unit, **extra):
@@ -355,12 +408,16 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=None
 
         try:
             if name == FLA_DELTANET:
-                if compiled:
-                    raise RuntimeError("not run: --compile applies to the platform's models only")
+                # fla's model runs as fla ships it (eager, its own fused modules), with the platform's loss
                 model = build_fla_deltanet(size, vocab, device)
+                model.falcon_loss_impl = loss_impl or default_loss
             else:
-                model, cfg = build(name, size, vocab, ("model.compile=true",) if compiled else ())
-                labels = {**mixer_labels(name, cfg), "mixer": _label(name, graphs, compiled, static_kv)}
+                model, cfg = build(name, size, vocab, (f"model.compile={str(bool(compiled)).lower()}",)
+                                   + ((f"model.loss_impl={loss_impl}",) if loss_impl else ()) + tuple(overrides))
+                labels = {**mixer_labels(name, cfg),
+                          "mixer": _tagged(_label(name, graphs, compiled, static_kv, loss_tag), tag)}
+                if overrides:
+                    labels["overrides"] = list(overrides)
             model = model.to(device)
         except RuntimeError as e:
             if str(e).startswith("not run:"):
@@ -374,7 +431,10 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=None
         for T in seq_lens:
             B = max(1, tokens_per_step // T)
             try:
-                r = bench_train(model, device, T, tokens_per_step, steps, warmup, vocab, bf16, peak)
+                prof = {} if (profile and T == seq_lens[0]) else None
+                r = bench_train(model, device, T, tokens_per_step, steps, warmup, vocab, bf16, peak, prof)
+                if prof:
+                    add(T, B, "train_profile_ms", prof["total_ms"], "ms", **prof)
                 bk = {"backend": ",".join(model.backends_used())} if hasattr(model, "backends_used") else {}
                 add(T, B, "train_tokens_per_s", r["tokens_per_s"], "tokens/s", step_s=r["step_s"], n_timed=r["n_timed"],
                     **bk)
@@ -542,6 +602,7 @@ def markdown(res) -> str:
             lines.append(f"| {m} | " + " | ".join(vals) + " |")
         lines.append("")
     lines += ratios(res)
+    lines += profile_table(res)
     errs = [r for r in res["rows"] if r.get("error")]
     if errs:
         lines += ["## Not run / errors", ""]
@@ -551,6 +612,20 @@ def markdown(res) -> str:
     if fb:
         lines += ["## CUDA-graph fallbacks (eager used)", ""] + [f"- {m}: {why}" for m, why in sorted(fb)] + [""]
     return "\n".join(lines)
+
+
+def profile_table(res) -> list[str]:
+    """Share of one training step's CUDA kernel time per category (falcon_lab/benchmarking/profile.py)."""
+    from falcon_lab.benchmarking.profile import CATEGORIES
+
+    rows = [r for r in res["rows"] if r["metric"] == "train_profile_ms" and r.get("value")]
+    if not rows:
+        return []
+    body = [(f"{r['mixer']} (T={r['seq_len']})",
+             [f"{r['value']:.1f}"] + [f"{100 * r[f'{c}_share']:.0f} %" if r.get(f"{c}_share") is not None else ""
+                                      for c in CATEGORIES]) for r in rows]
+    return _table("Where one training step's CUDA time goes (torch.profiler)",
+                  ["kernel ms"] + [c.replace("_", " ") for c in CATEGORIES], body)
 
 
 def _table(title: str, cols: list[str], body: list[tuple[str, list[str]]]) -> list[str]:
@@ -569,10 +644,11 @@ def ratios(res) -> list[str]:
     falcons = [m for m in dict.fromkeys(r["mixer"] for r in res["rows"]) if m.startswith("falcon-")]
     out = []
     tr = sorted({(r["seq_len"], r["batch"]) for r in res["rows"] if r["metric"] == "train_tokens_per_s"})
-    for ref in ("transformer", FLA_DELTANET):
+    for ref in ("transformer+compile", "transformer", FLA_DELTANET):
         if not any((ref, "train_tokens_per_s", t, b) in val for t, b in tr):
             continue
-        trained = [f for f in falcons if any((f, "train_tokens_per_s", t, b) in val for t, b in tr)]
+        trained = [f for f in falcons if any((f, "train_tokens_per_s", t, b) in val for t, b in tr)
+                   and (ref == FLA_DELTANET or ("+compile" in f) == ("+compile" in ref))]
         out += _table(f"Training tokens/s relative to {ref}", [f"T={t}" for t, _ in tr],
                       [(m, [_ratio(val.get((m, "train_tokens_per_s", t, b)), val.get((ref, "train_tokens_per_s", t, b)))
                             for t, b in tr]) for m in trained])
@@ -716,7 +792,8 @@ def main(a):
                batches=batches, steps=steps, warmup=warmup, decode_steps=decode_steps, out=a.out, device=a.device,
                cuda_graphs=a.cuda_graphs, use_mlflow=a.mlflow, peak_flops=a.peak_flops, vocab=a.vocab,
                prefill_reps=a.prefill_reps or (1 if a.quick else 3), fresh=a.fresh, prefill_chunk=a.prefill_chunk,
-               compiled=a.compile, static_kv=a.static_kv)
+               compiled=a.compile, static_kv=a.static_kv, loss_impl=a.loss_impl, profile=a.profile,
+               overrides=tuple(a.override), tag=a.tag)
 
 
 def add_parser(sub):
@@ -741,8 +818,17 @@ def add_parser(sub):
     m.add_argument("--quick", action="store_true", help="fewer warm-up/timed steps (smoke runs)")
     m.add_argument("--static-kv", action="store_true",
                    help="transformer: preallocated KV cache written in place (graph-capturable); rows transformer+statickv")
-    m.add_argument("--compile", action="store_true",
-                   help="torch.compile each block (model.compile=true); rows labelled <mixer>+compile")
+    m.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile each block (default: on for CUDA, as model.compile=auto trains; "
+                        "--no-compile for eager); compiled rows are labelled <mixer>+compile")
+    m.add_argument("--loss-impl", default=None, help="LM loss: chunked | materialized (default: model.loss_impl); "
+                                                      "a non-default value labels rows <mixer>+<impl>-loss")
+    m.add_argument("--override", action="append", default=[],
+                   help="a Hydra override for the platform's models (repeatable), e.g. mixer.module_backend=torch")
+    m.add_argument("--tag", default=None, help="label suffix for rows measured with --override: <mixer>+<tag>")
+    m.add_argument("--profile", action="store_true",
+                   help="one more training step per mixer at the first length under torch.profiler: CUDA time "
+                        "in the Falcon op, fused modules, matmuls, loss, other (rows train_profile_ms)")
     m.add_argument("--cuda-graphs", action="store_true", help="capture one decode step per mixer in a CUDA graph")
     m.add_argument("--mlflow", action="store_true", help="one MLflow run per mixer (training runs' store/experiment)")
     m.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")

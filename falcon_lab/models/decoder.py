@@ -13,7 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from falcon_lab.models.graph_step import GraphStep
-from falcon_lab.models.mixers.base import RMSNorm
+from falcon_lab.models.loss import LOSS_IMPLS, lm_nll
+from falcon_lab.modules import RMSNorm
 from falcon_lab.models.mixers.registry import build_mixer
 
 
@@ -36,9 +37,11 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     def __init__(self, d_model, n_heads, head_dim, mixer_cfg, ffn_hidden, norm_eps, layer_idx):
         super().__init__()
-        self.norm1 = RMSNorm(d_model, eps=norm_eps)
+        # the residual-stream norms stay on the torch path: compiled, Inductor fuses each with the
+        # residual add beside it, which a separate norm kernel would prevent (ours)
+        self.norm1 = RMSNorm(d_model, eps=norm_eps, backend="torch")
         self.mixer = build_mixer(mixer_cfg, d_model, n_heads, head_dim, layer_idx)
-        self.norm2 = RMSNorm(d_model, eps=norm_eps)
+        self.norm2 = RMSNorm(d_model, eps=norm_eps, backend="torch")
         self.mlp = SwiGLU(d_model, ffn_hidden)
 
     def forward(self, x, cu_seqlens=None, state=None, return_state=False, decode=False):
@@ -51,8 +54,11 @@ class Block(nn.Module):
 class Decoder(nn.Module):
     def __init__(self, vocab_size: int, d_model: int, n_layers: int, n_heads: int, head_dim: int,
                  mixer: dict, ffn_mult: float = 8 / 3, norm_eps: float = 1e-6, init_std: float = 0.02,
-                 logit_scale: float = 1.0, activation_checkpointing: bool = False):
+                 logit_scale: float = 1.0, activation_checkpointing: bool = False, loss_impl: str = "chunked"):
         super().__init__()
+        if loss_impl not in LOSS_IMPLS:
+            raise ValueError(f"model.loss_impl: {loss_impl!r} is not one of {LOSS_IMPLS}")
+        self.loss_impl = loss_impl
         self.vocab_size, self.d_model, self.n_layers = vocab_size, d_model, n_layers
         # recompute each block's activations in backward instead of keeping them (training only)
         self.activation_checkpointing = bool(activation_checkpointing)
@@ -62,7 +68,7 @@ class Decoder(nn.Module):
         hidden = swiglu_hidden(d_model, ffn_mult)
         self.blocks = nn.ModuleList(
             Block(d_model, n_heads, head_dim, mixer, hidden, norm_eps, i) for i in range(n_layers))
-        self.norm = RMSNorm(d_model, eps=norm_eps)
+        self.norm = RMSNorm(d_model, eps=norm_eps, backend="torch")
         self._init(init_std)
 
     def _init(self, std):
@@ -75,7 +81,10 @@ class Decoder(nn.Module):
     def logits(self, h):
         return F.linear(self.norm(h), self.embed.weight) * self.logit_scale  # tied embeddings
 
-    def forward(self, input_ids, cu_seqlens=None):
+    def forward(self, input_ids, cu_seqlens=None, labels=None):
+        """logits [B, T, vocab]; with `labels`, (summed next-token NLL in fp32, counted tokens) through
+        `model.loss_impl` instead (falcon_lab/models/loss.py: "chunked" never holds all the logits).
+        One entry point for both, so FSDP's root hooks see every use of the embedding."""
         x = self.embed(input_ids)
         ckpt = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for blk in self.blocks:
@@ -83,6 +92,8 @@ class Decoder(nn.Module):
                 x, _ = torch.utils.checkpoint.checkpoint(blk, x, cu_seqlens, use_reentrant=False)
             else:
                 x, _ = blk(x, cu_seqlens=cu_seqlens)
+        if labels is not None:
+            return lm_nll(self.norm(x), self.embed.weight, labels, impl=self.loss_impl, scale=self.logit_scale)
         return self.logits(x)
 
     # ---- decoding ------------------------------------------------------------------------------
@@ -217,8 +228,9 @@ def build_model(model_cfg, mixer_cfg, vocab_size: int, logit_scale: float = 1.0)
                    n_heads=int(m["n_heads"]), head_dim=int(m["head_dim"]), mixer=dict(mixer_cfg),
                    ffn_mult=float(m.get("ffn_mult", 8 / 3)), norm_eps=float(m.get("norm_eps", 1e-6)),
                    init_std=float(m.get("init_std", 0.02)), logit_scale=logit_scale,
-                   activation_checkpointing=bool(m.get("activation_checkpointing", False)))
-    if m.get("compile"):
+                   activation_checkpointing=bool(m.get("activation_checkpointing", False)),
+                   loss_impl=str(m.get("loss_impl", "chunked")))
+    if m.get("compile") is True:  # "auto" is resolved by the trainer (training.api.resolve_compile)
         compile_blocks(model)
     return model
 
@@ -226,8 +238,8 @@ def build_model(model_cfg, mixer_cfg, vocab_size: int, logit_scale: float = 1.0)
 def compile_blocks(model: Decoder) -> Decoder:
     """torch.compile each decoder block in place (nn.Module.compile: parameter names and checkpoints are
     unchanged). Inductor fuses the mixers' elementwise PyTorch work (norms, gates, NLMS prep); the
-    Triton chunk kernels stay opaque custom autograd functions (a graph break each). Ours; its speed on
-    a GPU has not been measured yet."""
+    Triton chunk kernels and fused modules are custom operators (torch.library), traced without a graph
+    break. Ours."""
     for blk in model.blocks:
         blk.compile()
     return model

@@ -48,6 +48,14 @@ def _check_devices(cfg) -> None:
                          "(multi-process on CPU: trainer=ddp trainer.accelerator=cpu, or trainer=fsdp_cpu)")
 
 
+def resolve_compile(value, accelerator: str) -> bool:
+    """model.compile=auto (the default): torch.compile the blocks when training on CUDA, the same for
+    every mixer; eager on CPU, where compiling costs more than it saves on the tiny models run there."""
+    if value == "auto":
+        return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    return bool(value)
+
+
 def run(cfg: DictConfig, callbacks=None) -> dict:
     """Train one configuration. Returns {"val_loss" (best), "final_val_loss", "run_id", "ckpt_path",
     "last_ckpt_path", "run_dir", "tracking_uri", "experiment_id", "steps", "metrics", "history"}."""
@@ -72,6 +80,8 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
     dm = build_datamodule(cfg.data, seed=int(cfg.seed))
     tokenizer = dm.tokenizer
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    cfg_dict["model"]["compile"] = resolve_compile(cfg_dict["model"].get("compile", "auto"),
+                                                   str(cfg.trainer.get("accelerator", "auto")))
     tok_state = tokenizer.state() if hasattr(tokenizer, "state") else {"name": getattr(tokenizer, "name", "byte")}
     module = LitLM(cfg_dict, vocab_size=tokenizer.vocab_size, tokenizer_name=tok_state)
     module.tokenizer = tokenizer

@@ -75,11 +75,7 @@ class LitLM(L.LightningModule):
         return self.model(input_ids, cu_seqlens=cu_seqlens)
 
     def _nll(self, batch):
-        logits = self.model(batch["input_ids"], cu_seqlens=batch.get("cu_seqlens"))
-        labels = batch["labels"]
-        nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                              ignore_index=IGNORE, reduction="sum")
-        return nll, (labels != IGNORE).sum()
+        return self.model(batch["input_ids"], cu_seqlens=batch.get("cu_seqlens"), labels=batch["labels"])
 
     def training_step(self, batch, batch_idx):
         nll, n = self._nll(batch)

@@ -73,6 +73,13 @@ def validate_config(cfg: DictConfig) -> None:
     for key in ("model.d_model", "model.n_layers", "model.n_heads", "model.head_dim", "data.seq_len",
                 "data.batch_size", "trainer.max_steps"):
         _pos_int(cfg, key)
+    comp = cfg.model.get("compile", "auto")
+    if comp not in (True, False, "auto"):
+        raise ConfigError(f"model.compile: must be auto, true or false, got {comp!r}")
+    from falcon_lab.models.loss import LOSS_IMPLS
+
+    if cfg.model.get("loss_impl", "chunked") not in LOSS_IMPLS:
+        raise ConfigError(f"model.loss_impl: {cfg.model.get('loss_impl')!r} is not one of {LOSS_IMPLS}")
     if _number(_need(cfg, "optim.lr"), "optim.lr") <= 0:
         raise ConfigError(f"optim.lr: must be > 0, got {cfg.optim.lr}")
     # ---- mixer
@@ -104,6 +111,8 @@ def validate_config(cfg: DictConfig) -> None:
             if k in mixer and not (_number(mixer[k], f"mixer.{k}") >= 0):
                 raise ConfigError(f"mixer.{k}: must be >= 0, got {mixer[k]!r}")
         _check_applicability(mixer)
+        if mixer.get("module_backend") not in (None, "torch", "triton"):
+            raise ConfigError(f"mixer.module_backend: {mixer.get('module_backend')!r} is not one of null, torch, triton")
         if _number(mixer.get("chunk_size", 64), "mixer.chunk_size", int) < 1:
             raise ConfigError(f"mixer.chunk_size: must be >= 1, got {mixer.get('chunk_size')}")
     # ---- data

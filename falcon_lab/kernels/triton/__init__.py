@@ -29,15 +29,13 @@ from typing import Optional
 
 import torch
 
-from .chunk import ChunkFalconScalar
 from .decode import decode_step
-from .percol import ChunkFalconPerColumnLinear
-from .percol_delta import ChunkFalconPerColumnDelta
+from .ops import chunk_core
 
 __all__ = ["core", "supports", "decode_step", "interpreter_active"]
 
 
-def interpreter_active() -> bool:
+def _read_interpret() -> bool:
     try:
         import triton
 
@@ -46,12 +44,23 @@ def interpreter_active() -> bool:
         return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+# Read once at import (Triton itself reads TRITON_INTERPRET when it is imported): plain module constants
+# keep the dispatch below traceable by torch.compile (Dynamo cannot call Triton's C getenv).
+_INTERPRET = _read_interpret()
+_UNPROVEN = os.environ.get("FALCON_TRITON_UNPROVEN", "0") == "1"
+_TF32 = os.environ.get("FALCON_TRITON_TF32", "0") == "1"
+
+
+def interpreter_active() -> bool:
+    return _INTERPRET
+
+
 def _needs_grad(*ts) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
 
 def _unproven_enabled() -> bool:
-    return os.environ.get("FALCON_TRITON_UNPROVEN", "0") == "1"
+    return _UNPROVEN
 
 
 # Configurations proven on the H200 (torch 2.11, Triton 3.6) against the float64 loop, forward and
@@ -109,7 +118,7 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     W = int(window)
     if xw.shape[1] != T + W - 1 or vw.shape[1] != T + W - 1:
         raise ValueError(f"xw/vw must have T + window - 1 = {T + W - 1} rows, got {xw.shape[1]}, {vw.shape[1]}")
-    tf32 = allow_tf32 if allow_tf32 is not None else os.environ.get("FALCON_TRITON_TF32", "0") == "1"
+    tf32 = allow_tf32 if allow_tf32 is not None else _TF32
     grad = _needs_grad(q, xw, vw, eta, g, S0)
     if T == 1 and not grad:
         return decode_step(q, xw.to(q.dtype), vw.to(q.dtype), eta, g, S0, delta=delta, window=W,
@@ -129,21 +138,20 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     eta = eta.float().contiguous()
     g = g.float().contiguous()
     S0 = S0.float().contiguous() if S0 is not None else None
-    if per_column and delta:
-        return ChunkFalconPerColumnDelta.apply(q, xw, vw, eta, g, S0, read_after, chunk_size, tf32)
     if per_column:
-        return ChunkFalconPerColumnLinear.apply(q, xw, vw, eta, g, S0, read_after, chunk_size, tf32)
+        return chunk_core(q, xw, vw, eta, g, S0, "percol_delta" if delta else "percol", (read_after, chunk_size, tf32))
+    # scalar family cfg: (delta, read_after, C, xoff, allow_tf32, out_fp32, group)
     if W == 1:
-        return ChunkFalconScalar.apply(q, xw, vw, eta, g, S0, delta, read_after, chunk_size, 0, tf32, None)
+        return chunk_core(q, xw, vw, eta, g, S0, "scalar", (delta, read_after, chunk_size, 0, tf32, False, 1))
     if delta:  # Falcon-3: pseudo-token (t, m) = pair xw[t + W-1-m]; decay on m = 0; groups of W
         qe, xe, ve, ee, ge = _expand_window(q, xw, vw, eta, g, W)
-        o_e, s = ChunkFalconScalar.apply(qe, xe, ve, ee, ge, S0, True, read_after, chunk_size, 0, tf32, None, W)
+        o_e, s = chunk_core(qe, xe, ve, ee, ge, S0, "scalar", (True, read_after, chunk_size, 0, tf32, False, W))
         return o_e.view(B, T, W, H, V)[:, :, 0], s
     # Falcon-3A: S = Σ_m S^(m), scan m writes the pairs W-1-m rows back (falcon-math.md §4.1).
     o_sum, s_sum = None, None
     for m in range(W):
-        o_m, s_m = ChunkFalconScalar.apply(q, xw, vw, eta, g, S0 if m == 0 else None, False,
-                                           read_after, chunk_size, W - 1 - m, tf32, torch.float32)
+        o_m, s_m = chunk_core(q, xw, vw, eta, g, S0 if m == 0 else None, "scalar",
+                              (False, read_after, chunk_size, W - 1 - m, tf32, True, 1))
         o_sum = o_m if o_sum is None else o_sum + o_m
         s_sum = s_m if s_sum is None else s_sum + s_m
     return o_sum.to(q.dtype), s_sum

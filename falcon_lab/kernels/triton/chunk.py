@@ -38,6 +38,7 @@ import triton.language as tl
 
 # Debug aid for the GPU checks: allocate outputs filled with NaN so unwritten elements show.
 POISON = os.environ.get("FALCON_TRITON_POISON", "0") == "1"
+FP32_DOT = os.environ.get("FALCON_TRITON_FP32_DOT", "tf32x3")  # read once (see _prec)
 
 
 def _empty(shape, dtype, device):
@@ -553,7 +554,7 @@ def _prec(dtype: torch.dtype, allow_tf32: bool, device: torch.device) -> str:
         return "tf32"
     if device.type == "cpu":
         return "ieee"
-    return os.environ.get("FALCON_TRITON_FP32_DOT", "tf32x3")
+    return FP32_DOT
 
 
 def _stages(dtype: torch.dtype) -> dict:
@@ -625,29 +626,3 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     _bwd_main[(NT, B * H)](q, x, v, R, eta, g, A, HS, DHS, dO, DU, dq, dx, dv, deta, dg, T, XT, xoff,
                            NT, H, K, V, C, BK, BVm, delta, read_after, prec, group, num_warps=wm, **st)
     return dq, dx, dv, deta, dg, DS0
-
-
-class ChunkFalconScalar(torch.autograd.Function):
-    """Falcon core, scalar gates, window 1 (or one shifted scan of a window, via xoff). Forward and
-    backward are the Triton kernels above; no torch autograd fallback inside."""
-
-    @staticmethod
-    def forward(ctx, q, x, v, eta, g, S0, delta, read_after, C, xoff, allow_tf32, out_dtype, group=1):
-        O, ST, saved = chunk_forward(q, x, v, eta, g, S0, delta=delta, read_after=read_after, C=C,
-                                     xoff=xoff, allow_tf32=allow_tf32, out_dtype=out_dtype, group=group)
-        ctx.save_for_backward(q, x, v, eta, g, *saved)
-        ctx.cfg = (delta, read_after, C, xoff, allow_tf32, S0 is not None, group)
-        return O, ST
-
-    @staticmethod
-    def backward(ctx, dO, dST):
-        q, x, v, eta, g, *saved = ctx.saved_tensors
-        delta, read_after, C, xoff, allow_tf32, has_s0, group = ctx.cfg
-        if dO is None:
-            dO = torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=q.dtype, device=q.device)
-        dO = dO.contiguous()
-        dST = dST.contiguous().float() if dST is not None else None
-        dq, dx, dv, deta, dg, dS0 = chunk_backward(
-            q, x, v, eta, g, saved, dO, dST, delta=delta, read_after=read_after, C=C, xoff=xoff,
-            allow_tf32=allow_tf32, need_ds0=has_s0 and ctx.needs_input_grad[5], group=group)
-        return dq, dx, dv, deta, dg, dS0, None, None, None, None, None, None, None

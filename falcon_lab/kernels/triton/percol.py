@@ -273,63 +273,57 @@ def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, 
     tl.store(DX + tok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
 
 
-class ChunkFalconPerColumnLinear(torch.autograd.Function):
-    """Falcon-2A core (per-column γ, η; linear; window 1): Triton forward and backward."""
+def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32):
+    """Falcon-2A core forward (per-column γ, η; linear; window 1) -> (O, S_T, saved for backward)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, C)
+    BK, BVs, BVo, BVm, wm = _cfg(K, V)
+    dev = q.device
+    prec = _prec(q.dtype, allow_tf32, dev)
+    st = _stages(q.dtype)
+    f32 = torch.float32
+    HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
+    ST = _empty((B, H, K, V), f32, dev)
+    _pc_fwd_state[(triton.cdiv(V, BVs), B * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, ST, T, NT,
+                                                 H, K, V, C, BK, BVs, S0 is not None, prec, **st)
+    OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
+    _pc_fwd_inter[(triton.cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
+                                                    prec, **st)
+    O = _empty((B, T, H, V), q.dtype, dev)
+    _pc_fwd_intra[(NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec,
+                               num_warps=8, **st)
+    return O, ST, (HS,)
 
-    @staticmethod
-    def forward(ctx, q, x, v, eta, g, S0, read_after, C, allow_tf32):
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        NT = triton.cdiv(T, C)
-        BK, BVs, BVo, BVm, wm = _cfg(K, V)
-        dev = q.device
-        prec = _prec(q.dtype, allow_tf32, dev)
-        st = _stages(q.dtype)
-        f32 = torch.float32
-        HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
-        ST = _empty((B, H, K, V), f32, dev)
-        _pc_fwd_state[(triton.cdiv(V, BVs), B * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, ST, T, NT,
-                                                     H, K, V, C, BK, BVs, S0 is not None, prec, **st)
-        OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
-        _pc_fwd_inter[(triton.cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
-                                                        prec, **st)
-        O = _empty((B, T, H, V), q.dtype, dev)
-        _pc_fwd_intra[(NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec,
-                                   num_warps=8, **st)
-        ctx.save_for_backward(q, x, v, eta, g, HS)
-        ctx.cfg = (read_after, C, allow_tf32, S0 is not None)
-        return O, ST
 
-    @staticmethod
-    def backward(ctx, dO, dST):
-        q, x, v, eta, g, HS = ctx.saved_tensors
-        read_after, C, allow_tf32, has_s0 = ctx.cfg
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        NT = triton.cdiv(T, C)
-        BK, BVs, BVo, BVm, wm = _cfg(K, V)
-        dev = q.device
-        prec = _prec(q.dtype, allow_tf32, dev)
-        st = _stages(q.dtype)
-        f32 = torch.float32
-        if dO is None:
-            dO = torch.zeros(B, T, H, V, dtype=q.dtype, device=dev)
-        dO = dO.contiguous()
-        dST = dST.contiguous().float() if dST is not None else None
-        need_ds0 = has_s0 and ctx.needs_input_grad[5]
-        DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
-        DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
-        DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
-        _pc_bwd_state[(triton.cdiv(V, BVs), B * H)](
-            q, x, g, dO, dST if dST is not None else eta, DHS, DU, DS0 if DS0 is not None else eta, T, NT, H, K,
-            V, C, BK, BVs, read_after, dST is not None, need_ds0, prec, **st)
-        DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)
-        DGU = torch.empty(B, T, H, V, dtype=f32, device=dev)
-        dq = _empty(q.shape, q.dtype, dev)
-        dx = _empty(x.shape, x.dtype, dev)
-        dv = _empty(v.shape, v.dtype, dev)
-        deta = _empty(eta.shape, eta.dtype, dev)
-        dg = _empty(g.shape, g.dtype, dev)
-        _pc_bwd_main[(NT, B * H)](q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K,
-                                  V, C, BK, BVm, SB, read_after, prec, num_warps=8, **st)
-        return dq, dx, dv, deta, dg, DS0, None, None, None
+def percol_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf32, need_ds0):
+    """Falcon-2A core backward -> (dq, dx, dv, deta, dg, dS0 or None)."""
+    (HS,) = saved
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, C)
+    BK, BVs, BVo, BVm, wm = _cfg(K, V)
+    dev = q.device
+    prec = _prec(q.dtype, allow_tf32, dev)
+    st = _stages(q.dtype)
+    f32 = torch.float32
+    if dO is None:
+        dO = torch.zeros(B, T, H, V, dtype=q.dtype, device=dev)
+    dO = dO.contiguous()
+    dST = dST.contiguous().float() if dST is not None else None
+    DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
+    DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
+    DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
+    _pc_bwd_state[(triton.cdiv(V, BVs), B * H)](
+        q, x, g, dO, dST if dST is not None else eta, DHS, DU, DS0 if DS0 is not None else eta, T, NT, H, K,
+        V, C, BK, BVs, read_after, dST is not None, need_ds0, prec, **st)
+    DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)
+    DGU = torch.empty(B, T, H, V, dtype=f32, device=dev)
+    dq = _empty(q.shape, q.dtype, dev)
+    dx = _empty(x.shape, x.dtype, dev)
+    dv = _empty(v.shape, v.dtype, dev)
+    deta = _empty(eta.shape, eta.dtype, dev)
+    dg = _empty(g.shape, g.dtype, dev)
+    _pc_bwd_main[(NT, B * H)](q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K,
+                              V, C, BK, BVm, SB, read_after, prec, num_warps=8, **st)
+    return dq, dx, dv, deta, dg, DS0

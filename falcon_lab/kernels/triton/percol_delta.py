@@ -258,73 +258,68 @@ def _pcd_bwd_solve(X, ETA, G, HS, RR, DRHS, SUP, SU, DX32, DX, DV, DETA, DG, T, 
     tl.store(DX + tok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
 
 
-class ChunkFalconPerColumnDelta(torch.autograd.Function):
-    """Falcon-2 core (per-column γ, η; regression; window 1): Triton forward and backward."""
+def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32):
+    """Falcon-2 core forward (per-column γ, η; regression; window 1) -> (O, S_T, saved for backward)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, C)
+    BK, BVs, BVo, BVm, wm = _cfg(K, V)
+    dev = q.device
+    prec = _prec(q.dtype, allow_tf32, dev)
+    st = _stages(q.dtype)
+    f32 = torch.float32
+    HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
+    RR = torch.empty(B, T, H, V, dtype=f32, device=dev)
+    ST = _empty((B, H, K, V), f32, dev)
+    _pcd_fwd_state[(triton.cdiv(V, BVs), B * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T,
+                                                  NT, H, K, V, C, BK, BVs, S0 is not None, prec, **st)
+    OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
+    _pc_fwd_inter[(triton.cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
+                                                    prec, **st)
+    O = _empty((B, T, H, V), q.dtype, dev)
+    _pc_fwd_intra[(NT, B * H)](q, x, RR, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec,
+                               num_warps=8, **st)
+    return O, ST, (HS, RR)
 
-    @staticmethod
-    def forward(ctx, q, x, v, eta, g, S0, read_after, C, allow_tf32):
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        NT = triton.cdiv(T, C)
-        BK, BVs, BVo, BVm, wm = _cfg(K, V)
-        dev = q.device
-        prec = _prec(q.dtype, allow_tf32, dev)
-        st = _stages(q.dtype)
-        f32 = torch.float32
-        HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
-        RR = torch.empty(B, T, H, V, dtype=f32, device=dev)
-        ST = _empty((B, H, K, V), f32, dev)
-        _pcd_fwd_state[(triton.cdiv(V, BVs), B * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T,
-                                                      NT, H, K, V, C, BK, BVs, S0 is not None, prec, **st)
-        OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
-        _pc_fwd_inter[(triton.cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
-                                                        prec, **st)
-        O = _empty((B, T, H, V), q.dtype, dev)
-        _pc_fwd_intra[(NT, B * H)](q, x, RR, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec,
-                                   num_warps=8, **st)
-        ctx.save_for_backward(q, x, eta, g, HS, RR)
-        ctx.cfg = (read_after, C, allow_tf32, S0 is not None, v.dtype)
-        return O, ST
 
-    @staticmethod
-    def backward(ctx, dO, dST):
-        q, x, eta, g, HS, RR = ctx.saved_tensors
-        read_after, C, allow_tf32, has_s0, v_dtype = ctx.cfg
-        B, T, H, K = q.shape
-        V = RR.shape[-1]
-        NT = triton.cdiv(T, C)
-        BK, BVs, BVo, BVm, wm = _cfg(K, V)
-        dev = q.device
-        prec = _prec(q.dtype, allow_tf32, dev)
-        st = _stages(q.dtype)
-        f32 = torch.float32
-        if dO is None:
-            dO = torch.zeros(B, T, H, V, dtype=q.dtype, device=dev)
-        dO = dO.contiguous()
-        dST = dST.contiguous().float() if dST is not None else None
-        need_ds0 = has_s0 and ctx.needs_input_grad[5]
-        DUI = torch.empty(B, T, H, V, dtype=f32, device=dev)
-        _pcd_bwd_dui[(NT, B * H)](q, x, g, dO, DUI, T, H, K, V, C, BK, SB, read_after, prec, num_warps=8, **st)
-        DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
-        DSU = torch.empty(B, T, H, V, dtype=f32, device=dev)
-        DRHS = torch.empty(B, T, H, V, dtype=f32, device=dev)
-        DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
-        _pcd_bwd_state[(triton.cdiv(V, BVs), B * H)](
-            q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS,
-            DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BVs, read_after, dST is not None, need_ds0,
-            prec, **st)
-        # Falcon-2A's backward with R as the values: dq (final), the read-out and state-update parts of
-        # dx, dη and d log γ. Its "dv" is η ⊙ dU, already used above: written over the spent DUI.
-        DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)
-        DGU = torch.empty(B, T, H, V, dtype=f32, device=dev)
-        dq = _empty(q.shape, q.dtype, dev)
-        dx32 = _empty(x.shape, f32, dev)
-        deta = _empty(eta.shape, eta.dtype, dev)
-        dg = _empty(g.shape, g.dtype, dev)
-        _pc_bwd_main[(NT, B * H)](q, x, RR, eta, g, HS, DHS, dO, DSU, DGR, DGU, dq, dx32, DUI, deta, dg, T,
-                                  NT, H, K, V, C, BK, BVm, SB, read_after, prec, num_warps=8, **st)
-        dx = _empty(x.shape, x.dtype, dev)
-        dv = _empty((B, T, H, V), v_dtype, dev)
-        _pcd_bwd_solve[(NT, B * H)](x, eta, g, HS, RR, DRHS, DGR, DGU, dx32, dx, dv, deta, dg, T, NT, H, K, V,
-                                    C, BK, BVm, SB, prec, num_warps=8, **st)
-        return dq, dx, dv, deta, dg, DS0, None, None, None
+def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf32, need_ds0):
+    """Falcon-2 core backward -> (dq, dx, dv, deta, dg, dS0 or None)."""
+    HS, RR = saved
+    v_dtype = v.dtype
+    B, T, H, K = q.shape
+    V = RR.shape[-1]
+    NT = triton.cdiv(T, C)
+    BK, BVs, BVo, BVm, wm = _cfg(K, V)
+    dev = q.device
+    prec = _prec(q.dtype, allow_tf32, dev)
+    st = _stages(q.dtype)
+    f32 = torch.float32
+    if dO is None:
+        dO = torch.zeros(B, T, H, V, dtype=q.dtype, device=dev)
+    dO = dO.contiguous()
+    dST = dST.contiguous().float() if dST is not None else None
+    DUI = torch.empty(B, T, H, V, dtype=f32, device=dev)
+    _pcd_bwd_dui[(NT, B * H)](q, x, g, dO, DUI, T, H, K, V, C, BK, SB, read_after, prec, num_warps=8, **st)
+    DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
+    DSU = torch.empty(B, T, H, V, dtype=f32, device=dev)
+    DRHS = torch.empty(B, T, H, V, dtype=f32, device=dev)
+    DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
+    _pcd_bwd_state[(triton.cdiv(V, BVs), B * H)](
+        q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS,
+        DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BVs, read_after, dST is not None, need_ds0,
+        prec, **st)
+    # Falcon-2A's backward with R as the values: dq (final), the read-out and state-update parts of
+    # dx, dη and d log γ. Its "dv" is η ⊙ dU, already used above: written over the spent DUI.
+    DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)
+    DGU = torch.empty(B, T, H, V, dtype=f32, device=dev)
+    dq = _empty(q.shape, q.dtype, dev)
+    dx32 = _empty(x.shape, f32, dev)
+    deta = _empty(eta.shape, eta.dtype, dev)
+    dg = _empty(g.shape, g.dtype, dev)
+    _pc_bwd_main[(NT, B * H)](q, x, RR, eta, g, HS, DHS, dO, DSU, DGR, DGU, dq, dx32, DUI, deta, dg, T,
+                              NT, H, K, V, C, BK, BVm, SB, read_after, prec, num_warps=8, **st)
+    dx = _empty(x.shape, x.dtype, dev)
+    dv = _empty((B, T, H, V), v_dtype, dev)
+    _pcd_bwd_solve[(NT, B * H)](x, eta, g, HS, RR, DRHS, DGR, DGU, dx32, dx, dv, deta, dg, T, NT, H, K, V,
+                                C, BK, BVm, SB, prec, num_warps=8, **st)
+    return dq, dx, dv, deta, dg, DS0

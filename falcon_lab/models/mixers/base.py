@@ -1,9 +1,20 @@
-"""Mixer interface and shared pieces (short causal convolution, RMSNorm, feature norms)."""
+"""Mixer interface and shared pieces (varlen helpers; the layer modules are re-exported from falcon_lab.modules)."""
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+from falcon_lab.modules import RMSNorm, ShortConvolution, qk_norm  # noqa: F401  (re-exported)
+
+MODULE_BACKENDS = (None, "torch", "triton")
+
+
+def check_module_backend(value):
+    """mixer.module_backend: which implementation of the layer modules (short conv, QK norm, output
+    norm-gate) runs: null = Triton on CUDA, torch elsewhere; torch; triton."""
+    if value not in MODULE_BACKENDS:
+        raise ValueError(f"mixer.module_backend: {value!r} is not one of null, torch, triton")
+    return value
 
 
 class Mixer(nn.Module):
@@ -72,50 +83,16 @@ def flatten_for_varlen(x: torch.Tensor, cu_seqlens):
     return x.reshape(1, x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-class ShortConv(nn.Module):
-    """Depthwise causal convolution (kernel `size`, no bias) + SiLU, with a decode cache.
-
-    Ours: kernel 4 + SiLU (fla's ShortConvolution default; the paper gives neither)."""
-
-    def __init__(self, channels: int, size: int = 4, activation: bool = True):
-        super().__init__()
-        self.size, self.activation = size, activation
-        self.weight = nn.Parameter(torch.empty(channels, size))
-        nn.init.uniform_(self.weight, -1.0 / size ** 0.5, 1.0 / size ** 0.5)
-
-    def forward(self, x, cache=None, pos=None):
-        """x [B, T, C]; cache [B, size-1, C] (previous inputs) or None; pos [T] positions in
-        sequence for varlen masking (B must be 1). Returns y [B, T, C], new cache."""
-        B, T, C = x.shape
-        K = self.size
-        prev = cache if cache is not None else x.new_zeros(B, K - 1, C)
-        xp = torch.cat([prev.to(x.dtype), x], dim=1)  # [B, T+K-1, C]
-        y = x * self.weight[:, K - 1]
-        for j in range(1, K):
-            term = xp[:, K - 1 - j: K - 1 - j + T] * self.weight[:, K - 1 - j]
-            if pos is not None:
-                term = term * (pos >= j).to(x.dtype)[None, :, None]
-            y = y + term
-        new_cache = xp[:, -(K - 1):] if K > 1 else prev
-        return (F.silu(y) if self.activation else y), new_cache
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6, gain: bool = True):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim)) if gain else None
-
-    def forward(self, x):
-        y = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype)
-        return y * self.weight if self.weight is not None else y
+# The layer building blocks live in falcon_lab.modules (torch and Triton implementations of one
+# signature); these names stay importable from here.
+ShortConv = ShortConvolution
 
 
 def l2_normalize(u: torch.Tensor, eps: float) -> torch.Tensor:
-    """u / sqrt(||u||² + eps) (ours: eps placement)."""
-    return u * torch.rsqrt(u.float().pow(2).sum(-1, keepdim=True) + eps).to(u.dtype)
+    """u / sqrt(||u||² + eps) (ours: eps placement), in u's dtype."""
+    return qk_norm(u, "l2", eps)
 
 
 def rms_normalize(u: torch.Tensor, eps: float) -> torch.Tensor:
-    """u / sqrt(||u||²/d + eps)  ->  ||u||² ≈ d."""
-    return u * torch.rsqrt(u.float().pow(2).mean(-1, keepdim=True) + eps).to(u.dtype)
+    """u / sqrt(||u||²/d + eps)  ->  ||u||² ≈ d, in u's dtype."""
+    return qk_norm(u, "rmsnorm", eps)

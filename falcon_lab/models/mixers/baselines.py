@@ -24,13 +24,12 @@ from falcon_lab.kernels import chunk_falcon, recurrent_falcon
 from falcon_lab.models.mixers.base import (
     Mixer,
     _gate_dtype,
-    operator_backend_label,
-    RMSNorm,
-    ShortConv,
     flatten_for_varlen,
     l2_normalize,
+    operator_backend_label,
     positions_in_sequence,
 )
+from falcon_lab.modules import FusedRMSNormGated, RMSNorm, ShortConvolution
 from falcon_lab.models.mixers.falcon import operator_flops_per_token_head
 from falcon_lab.models.mixers.registry import register_mixer
 
@@ -51,8 +50,9 @@ class _OperatorMixer(Mixer):
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.k_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
-        self.conv = ShortConv(3 * n_heads * head_dim, conv_size) if conv_size > 1 else None
-        self.o_norm = RMSNorm(head_dim)
+        self.conv = ShortConvolution(3 * n_heads * head_dim, conv_size) if conv_size > 1 else None
+        # output norm and SiLU gate in one module (one kernel on CUDA) when gated
+        self.o_norm = FusedRMSNormGated(head_dim) if use_gate else RMSNorm(head_dim)
         self.g_proj = nn.Linear(d_model, n_heads * head_dim, bias=False) if use_gate else None
         self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
         self.backend_used = "unset"
@@ -116,10 +116,9 @@ class _OperatorMixer(Mixer):
 
     def _post(self, h, o, v):
         B, T = h.shape[:2]
-        o = self.o_norm(o).reshape(B, T, -1)
         if self.g_proj is not None:
-            o = o * F.silu(self.g_proj(h))
-        return o
+            return self.o_norm(o, self.g_proj(h).view(o.shape).to(o.dtype)).reshape(B, T, -1)
+        return self.o_norm(o).reshape(B, T, -1)
 
     def state_numel(self, batch_size, seq_len):
         conv = (self.conv.size - 1) * self.conv.weight.shape[0] if self.conv is not None else 0
@@ -241,7 +240,7 @@ class Mamba2(_OperatorMixer):
         # q_proj -> C, k_proj -> B (shared across heads: one group), v_proj -> x, g_proj -> z
         self.q_proj = nn.Linear(d_model, head_dim, bias=False)
         self.k_proj = nn.Linear(d_model, head_dim, bias=False)
-        self.conv = ShortConv(2 * head_dim + n_heads * head_dim, conv_size) if conv_size > 1 else None
+        self.conv = ShortConvolution(2 * head_dim + n_heads * head_dim, conv_size) if conv_size > 1 else None
         self.dt_proj = nn.Linear(d_model, n_heads, bias=False)
         self.A_log = nn.Parameter(torch.log(torch.empty(n_heads).uniform_(1, 16)))
         dt = torch.exp(torch.empty(n_heads).uniform_(math.log(1e-3), math.log(1e-1)))

@@ -27,14 +27,12 @@ from falcon_lab.kernels import chunk_falcon, recurrent_falcon
 from falcon_lab.models.mixers.base import (
     Mixer,
     _gate_dtype,
-    operator_backend_label,
-    RMSNorm,
-    ShortConv,
+    check_module_backend,
     flatten_for_varlen,
-    l2_normalize,
+    operator_backend_label,
     positions_in_sequence,
-    rms_normalize,
 )
+from falcon_lab.modules import FusedRMSNormGated, RMSNorm, ShortConvolution, qk_norm
 from falcon_lab.models.mixers.registry import register_mixer
 
 VARIANTS = ("1", "2", "3", "1A", "2A", "3A")
@@ -139,6 +137,7 @@ class FalconMixer(Mixer):
         output_gate: bool = True,
         backend: str | None = None,
         chunk_size: int = 64,
+        module_backend: str | None = None,
     ):
         super().__init__()
         self.qk_norm, self.gate, self.lam, self.window = resolve_falcon_knobs(
@@ -157,12 +156,13 @@ class FalconMixer(Mixer):
         self.eps, self.eps_gamma, self.eps_rms = float(eps), float(eps_gamma), float(eps_rms)
         self.beta_max, self.eta_max = float(beta_max), float(eta_max)
         self.backend, self.chunk_size = backend, int(chunk_size)
+        mb = check_module_backend(module_backend)
         self.per_column = self.variant in ("2", "2A")
         H, dk, dv = n_heads, head_dim, head_dim
         self.q_proj = nn.Linear(d_model, H * dk, bias=False)
         self.k_proj = nn.Linear(d_model, H * dk, bias=False)
         self.v_proj = nn.Linear(d_model, H * dv, bias=False)
-        self.conv = ShortConv(2 * H * dk + H * dv, conv_size) if conv_size > 1 else None
+        self.conv = ShortConvolution(2 * H * dk + H * dv, conv_size, backend=mb) if conv_size > 1 else None
         self.qk_gain = nn.Parameter(torch.ones(2, H, dk)) if qk_norm_gain else None
         self.gate_proj = nn.Linear(d_model, H * dv if self.per_column else H, bias=True)
         nn.init.zeros_(self.gate_proj.bias)  # ours: σ(0) = 1/2 -> β = 1 (ctx_beta), η = eta_max/2/E_nom
@@ -170,7 +170,12 @@ class FalconMixer(Mixer):
         if self.lam == "ctx":
             self.lam_proj = nn.Linear(d_model, H, bias=True)
             nn.init.constant_(self.lam_proj.bias, lam_init_bias)  # ours: weak initial forgetting
-        self.o_norm = RMSNorm(dv, eps=1e-6) if output_norm else None
+        self.module_backend = mb
+        # the output norm and the SiLU gate in one module (one kernel on CUDA) when both are on
+        self.o_norm = None
+        if output_norm:
+            self.o_norm = (FusedRMSNormGated(dv, eps=1e-6, backend=mb) if output_gate
+                           else RMSNorm(dv, eps=1e-6, backend=mb))
         self.g_proj = nn.Linear(d_model, H * dv, bias=False) if output_gate else None
         self.o_proj = nn.Linear(H * dv, d_model, bias=False)
         self.e_nom = float(dk) if self.qk_norm == "rmsnorm" else 1.0
@@ -195,10 +200,8 @@ class FalconMixer(Mixer):
         return beta, lam, step
 
     def _norm(self, u, which):
-        u = rms_normalize(u, self.eps_rms) if self.qk_norm == "rmsnorm" else l2_normalize(u, self.eps_rms)
-        if self.qk_gain is not None:
-            u = u * self.qk_gain[which].to(u.dtype)
-        return u
+        gain = self.qk_gain[which] if self.qk_gain is not None else None
+        return qk_norm(u, self.qk_norm, self.eps_rms, gain=gain, backend=self.module_backend)
 
     def init_state(self, batch_size, device=None, max_len=None):
         return {"conv": None, "op": None}
@@ -234,12 +237,13 @@ class FalconMixer(Mixer):
             o, op_state = chunk_falcon(q, k, v, beta.to(_gate_dtype(q)), lam.to(_gate_dtype(q)), cu_seqlens=cu_seqlens,
                                        chunk_size=self.chunk_size, backend=self.backend, **kw)
             self.backend_used = operator_backend_label(self.backend, q, self.variant, self.window)
-        if self.o_norm is not None:
-            o = self.o_norm(o)
-        o = o.reshape(B, T, H * dv)
-        if self.g_proj is not None:
-            o = o * F.silu(self.g_proj(h))
-        y = self.o_proj(o).view(B0, T0, D)
+        gate = self.g_proj(h).view(B, T, H, dv) if self.g_proj is not None else None
+        if isinstance(self.o_norm, FusedRMSNormGated):
+            o = self.o_norm(o, gate.to(o.dtype))
+        else:
+            o = self.o_norm(o) if self.o_norm is not None else o
+            o = o * F.silu(gate) if gate is not None else o
+        y = self.o_proj(o.reshape(B, T, H * dv)).view(B0, T0, D)
         new_state = {"conv": conv_cache, "op": op_state} if return_state else None
         return y, new_state
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The fast-layers issue's H200 runs, in stages that each fit one device call (10 min):
+#   experiments/h200/fast_layers.sh a|b|c      (on the GPU machine, from the repo root, $OUT set)
+# Every step has its own timeout and writes under $OUT as it goes, so a stage that runs long still
+# returns what finished. Needs .whl (hydra-core, omegaconf, antlr4, fla-core, flash-linear-attention).
+set -u
+. experiments/h200/device_env.sh > $OUT/env_$1.log 2>&1
+export FALCON_COMMIT=${FALCON_COMMIT:-unknown} TORCHINDUCTOR_CACHE_DIR=/tmp/inductor TRITON_CACHE_DIR=/tmp/triton
+B="python3 -m falcon_lab.bench model --size small --contexts '' --steps 6 --out $OUT/m"
+run() { local t=$1; shift; echo "== $(date +%T) $*" | tee -a $OUT/stage_$STAGE.log
+        timeout "$t" "$@" >> $OUT/stage_$STAGE.log 2>&1; echo "== rc $?" | tee -a $OUT/stage_$STAGE.log; }
+STAGE=$1
+case "$1" in
+  a)
+    run 120 python3 -m falcon_lab.benchmarking.modules_check --out $OUT
+    run 90 python3 experiments/h200/op_check.py --out $OUT
+    run 330 $B --mixers transformer,falcon-1A --profile
+    ;;
+  b)
+    run 200 $B --mixers falcon-1 --profile
+    run 100 $B --mixers falcon-1A --seq-lens 2048 --override mixer.module_backend=torch --tag torchmodules --profile
+    run 240 $B --mixers fla_deltanet --profile
+    ;;
+  c)
+    run 200 $B --mixers falcon-2A,falcon-3A,falcon-3,falcon-2 --seq-lens 2048 --profile
+    run 120 $B --mixers transformer --seq-lens 2048,32768 --loss-impl materialized
+    run 200 python3 experiments/h200/train_small.py --out $OUT/train --steps 300 --models 1a_3,1a_3_unfused
+    ;;
+esac
+tail -n 25 $OUT/stage_$STAGE.log

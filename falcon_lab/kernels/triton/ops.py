@@ -1,0 +1,159 @@
+"""The Triton cores as PyTorch custom operators (`torch.library.custom_op`), so that torch.compile
+traces a whole decoder block around them without a graph break, and autograd runs their Triton
+backward.
+
+Two operators serve every kernel family:
+
+    falcon_lab::chunk_core_fwd(q, x, v, eta, g, S0?, family, cfg) -> [O, S_T, *saved]
+    falcon_lab::chunk_core_bwd(q, x, v, eta, g, saved, dO, dST?, family, cfg, need_ds0) -> [dq, dx, dv, deta, dg, dS0]
+
+`family` names the kernel set ("scalar": chunk.py, Falcon-1/1A and the scans of 3/3A; "percol":
+percol.py, Falcon-2A; "percol_delta": percol_delta.py, Falcon-2); `cfg` is its integer configuration
+(see _FAMILIES). Each family contributes a forward, a backward and the shapes of what its forward saves
+(for the fake tensors compile traces with). The inputs q, x, v, eta, g are saved by autograd itself;
+only the family's intermediate tensors are extra outputs (custom operators may not return views of their
+inputs, so unused slots are empty tensors).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from .chunk import chunk_backward, chunk_forward
+from .percol import percol_backward, percol_forward
+from .percol_delta import percol_delta_backward, percol_delta_forward
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---- the families ---------------------------------------------------------------------------------
+# scalar cfg: [delta, read_after, C, xoff, allow_tf32, out_fp32, group]
+def _scalar_fwd(q, x, v, eta, g, S0, cfg):
+    delta, read_after, C, xoff, tf32, out_f32, group = cfg
+    O, ST, (HS, A, WT, R) = chunk_forward(q, x, v, eta, g, S0, delta=bool(delta), read_after=bool(read_after),
+                                          C=C, xoff=xoff, allow_tf32=bool(tf32),
+                                          out_dtype=torch.float32 if out_f32 else None, group=group)
+    if not delta:  # the delta-only buffers are not made (chunk_forward hands back eta in their place)
+        A, WT, R = (eta.new_empty(0) for _ in range(3))
+    return [O, ST, HS, A, WT, R]
+
+
+def _scalar_bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0):
+    delta, read_after, C, xoff, tf32, _, group = cfg
+    HS, A, WT, R = saved
+    if not delta:
+        A = WT = R = eta  # never read by the kernels (constexpr-disabled branches)
+    return chunk_backward(q, x, v, eta, g, (HS, A, WT, R), dO, dST, delta=bool(delta), read_after=bool(read_after),
+                          C=C, xoff=xoff, allow_tf32=bool(tf32), need_ds0=need_ds0, group=group)
+
+
+def _scalar_saved_shapes(q, x, v, cfg):
+    delta, _, C, _, _, _, _ = cfg
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    hs = ((B, H, _cdiv(T, C), K, V), torch.float32)
+    if not delta:
+        return [hs] + [((0,), torch.float32)] * 3
+    return [hs, ((B, T, H, C), torch.float32), ((B, T, H, K), q.dtype), ((B, T, H, V), q.dtype)]
+
+
+# percol / percol_delta cfg: [read_after, C, allow_tf32]
+def _percol_fwd(fwd):
+    def f(q, x, v, eta, g, S0, cfg):
+        read_after, C, tf32 = cfg
+        O, ST, saved = fwd(q, x, v, eta, g, S0, read_after=bool(read_after), C=C, allow_tf32=bool(tf32))
+        return [O, ST, *saved]
+    return f
+
+
+def _percol_bwd(bwd):
+    def f(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0):
+        read_after, C, tf32 = cfg
+        return bwd(q, x, v, eta, g, tuple(saved), dO, dST, read_after=bool(read_after), C=C, allow_tf32=bool(tf32),
+                   need_ds0=need_ds0)
+    return f
+
+
+def _percol_saved_shapes(with_r: bool):
+    def f(q, x, v, cfg):
+        _, C, _ = cfg
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        out = [((B, H, _cdiv(T, C), K, V), torch.float32)]
+        return out + ([((B, T, H, V), torch.float32)] if with_r else [])
+    return f
+
+
+_FAMILIES = {
+    "scalar": (_scalar_fwd, _scalar_bwd, _scalar_saved_shapes),
+    "percol": (_percol_fwd(percol_forward), _percol_bwd(percol_backward), _percol_saved_shapes(False)),
+    "percol_delta": (_percol_fwd(percol_delta_forward), _percol_bwd(percol_delta_backward), _percol_saved_shapes(True)),
+}
+
+
+def _out_dtype(q, family, cfg):
+    return torch.float32 if family == "scalar" and cfg[5] else q.dtype
+
+
+# ---- the operators ----------------------------------------------------------------------------------
+@torch.library.custom_op("falcon_lab::chunk_core_fwd", mutates_args=())
+def chunk_core_fwd(q: torch.Tensor, x: torch.Tensor, v: torch.Tensor, eta: torch.Tensor, g: torch.Tensor,
+                   S0: Optional[torch.Tensor], family: str, cfg: List[int]) -> List[torch.Tensor]:
+    return _FAMILIES[family][0](q, x, v, eta, g, S0, list(cfg))
+
+
+@chunk_core_fwd.register_fake
+def _(q, x, v, eta, g, S0, family, cfg):
+    B, T, H, _ = q.shape
+    V = v.shape[-1]
+    O = q.new_empty((B, T, H, V), dtype=_out_dtype(q, family, cfg))
+    ST = q.new_empty((B, H, q.shape[-1], V), dtype=torch.float32)
+    return [O, ST] + [q.new_empty(s, dtype=d) for s, d in _FAMILIES[family][2](q, x, v, list(cfg))]
+
+
+@torch.library.custom_op("falcon_lab::chunk_core_bwd", mutates_args=())
+def chunk_core_bwd(q: torch.Tensor, x: torch.Tensor, v: torch.Tensor, eta: torch.Tensor, g: torch.Tensor,
+                   saved: List[torch.Tensor], dO: torch.Tensor, dST: Optional[torch.Tensor], family: str,
+                   cfg: List[int], need_ds0: bool) -> List[torch.Tensor]:
+    dST = dST.contiguous().float() if dST is not None else None
+    grads = _FAMILIES[family][1](q, x, v, eta, g, list(saved), dO.contiguous(), dST, list(cfg), need_ds0)
+    dS0 = grads[5] if grads[5] is not None else q.new_empty(0, dtype=torch.float32)
+    return [*grads[:5], dS0]
+
+
+@chunk_core_bwd.register_fake
+def _(q, x, v, eta, g, saved, dO, dST, family, cfg, need_ds0):
+    B, H, K, V = q.shape[0], q.shape[2], q.shape[3], v.shape[-1]
+    dS0 = q.new_empty((B, H, K, V) if need_ds0 else (0,), dtype=torch.float32)
+    return [torch.empty_like(q), torch.empty_like(x), torch.empty_like(v), torch.empty_like(eta),
+            torch.empty_like(g), dS0]
+
+
+def _setup_context(ctx, inputs, output):
+    q, x, v, eta, g, S0, family, cfg = inputs
+    ctx.save_for_backward(q, x, v, eta, g, *output[2:])
+    ctx.family, ctx.cfg, ctx.has_s0 = family, list(cfg), S0 is not None
+
+
+def _backward(ctx, grads):
+    q, x, v, eta, g, *saved = ctx.saved_tensors
+    dO, dST = grads[0], grads[1]
+    if dO is None:
+        dO = torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=_out_dtype(q, ctx.family, ctx.cfg), device=q.device)
+    need_ds0 = bool(ctx.has_s0 and ctx.needs_input_grad[5])
+    dq, dx, dv, deta, dg, dS0 = chunk_core_bwd(q, x, v, eta, g, saved, dO, dST, ctx.family, ctx.cfg,
+                                                need_ds0)
+    return dq, dx, dv, deta, dg, (dS0 if need_ds0 else None), None, None
+
+
+chunk_core_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def chunk_core(q, x, v, eta, g, S0, family: str, cfg) -> tuple:
+    """(O, S_T) of one Triton kernel family through the custom operator."""
+    out = chunk_core_fwd(q, x, v, eta, g, S0, family, [int(c) for c in cfg])
+    return out[0], out[1]
