@@ -6,15 +6,18 @@
 set -u
 . experiments/h200/device_env.sh > $OUT/env_$1.log 2>&1
 export FALCON_COMMIT=${FALCON_COMMIT:-unknown} TORCHINDUCTOR_CACHE_DIR=/tmp/inductor TRITON_CACHE_DIR=/tmp/triton
-B="python3 -m falcon_lab.bench model --size small --contexts '' --steps 6 --out $OUT/m"
+B="python3 -m falcon_lab.bench model --size small --contexts= --steps 6 --out $OUT/m"
 run() { local t=$1; shift; echo "== $(date +%T) $*" | tee -a $OUT/stage_$STAGE.log
         timeout "$t" "$@" >> $OUT/stage_$STAGE.log 2>&1; echo "== rc $?" | tee -a $OUT/stage_$STAGE.log; }
 STAGE=$1
 case "$1" in
   a)
     run 120 python3 -m falcon_lab.benchmarking.modules_check --out $OUT
-    run 90 python3 experiments/h200/op_check.py --out $OUT
+    run 150 python3 experiments/h200/op_check.py --out $OUT
     run 330 $B --mixers transformer,falcon-1A --profile
+    ;;
+  a2)
+    run 480 $B --mixers transformer,falcon-1A --profile
     ;;
   b)
     run 200 $B --mixers falcon-1 --profile
