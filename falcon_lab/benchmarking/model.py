@@ -644,11 +644,23 @@ def ratios(res) -> list[str]:
     falcons = [m for m in dict.fromkeys(r["mixer"] for r in res["rows"]) if m.startswith("falcon-")]
     out = []
     tr = sorted({(r["seq_len"], r["batch"]) for r in res["rows"] if r["metric"] == "train_tokens_per_s"})
-    for ref in ("transformer+compile", "transformer", FLA_DELTANET):
+    # like against like (ours): a Transformer row is compared with Falcon rows of the same suffix (compile,
+    # loss, tag), fla's model (its own eager modules) with Falcon rows of the same loss
+    trained_labels = list(dict.fromkeys(r["mixer"] for r in res["rows"] if r["metric"] == "train_tokens_per_s"))
+    refs = [m for m in trained_labels if m.split("+")[0] in ("transformer", FLA_DELTANET)
+            and "statickv" not in m and not m.endswith("+graph")]
+
+    def loss_of(label):
+        return next((p for p in label.split("+") if p.endswith("-loss")), None)
+
+    for ref in refs:
         if not any((ref, "train_tokens_per_s", t, b) in val for t, b in tr):
             continue
+        base, suffix = ref.split("+")[0], ref[len(ref.split("+")[0]):]
         trained = [f for f in falcons if any((f, "train_tokens_per_s", t, b) in val for t, b in tr)
-                   and (ref == FLA_DELTANET or ("+compile" in f) == ("+compile" in ref))]
+                   and (f[len(f.split("+")[0]):] == suffix if base == "transformer" else loss_of(f) == loss_of(ref))]
+        if not trained:
+            continue
         out += _table(f"Training tokens/s relative to {ref}", [f"T={t}" for t, _ in tr],
                       [(m, [_ratio(val.get((m, "train_tokens_per_s", t, b)), val.get((ref, "train_tokens_per_s", t, b)))
                             for t, b in tr]) for m in trained])

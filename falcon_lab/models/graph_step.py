@@ -2,7 +2,7 @@
 
 A recurrent model's decode state keeps its shapes from step to step, so one `model.step` can be
 captured once and replayed per token: eager decoding of the small model costs ~20 ms per token on an
-H200 (Python and kernel launches), a replay ~3 ms (benchmarks/results/model_h200.md). A growing KV cache
+H200 (Python and kernel launches), a replay ~3 ms (benchmarks/results/archive/model_h200_2026-11.md). A growing KV cache
 (attention) changes shape every step and cannot be captured: `check_static_step` says so.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ class GraphStep:
     Construction consumes `tok` once (a validated replay: the replayed logits must match an eager step
     from the same state), leaving its logits in `.logits` and the state advanced in place; then
     `feed(tokens)` consumes one token per row per replay. Proven on the H200 through the whole-model
-    benchmark for Falcon-1, -1A and -2A (benchmarks/results/model_h200.md, `+graph` rows)."""
+    benchmark for Falcon-1, -1A and -2A (benchmarks/results/archive/model_h200_2026-11.md, `+graph` rows)."""
 
     def __init__(self, model, tok, state):
         self.model = model
