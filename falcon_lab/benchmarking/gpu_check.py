@@ -25,6 +25,7 @@ os.environ.setdefault("FALCON_TRITON_POISON", "1")
 import torch  # noqa: E402
 
 from falcon_lab.benchmarking.ref64 import make_core_inputs, ref_core, rel_err  # noqa: E402
+from falcon_lab.kernels.spec import FalconSpec  # noqa: E402
 
 TOL = {"float32": (1e-4, 1e-4), "bfloat16": (2e-2, 4e-2)}  # (forward, gradients): ours
 
@@ -32,10 +33,10 @@ TOL = {"float32": (1e-4, 1e-4), "bfloat16": (2e-2, 4e-2)}  # (forward, gradients
 def check_core(*, variant, B, T, H, K, V, C, dtype, read_after=True, strong=False, seed=0, dev="cuda"):
     from falcon_lab.kernels.triton import core
 
-    delta = variant in ("1", "3")
-    W = 4 if variant in ("3", "3A") else 1
+    spec = FalconSpec.from_variant(variant)
+    delta, W = spec.delta, spec.window(4)
     q, xw, vw, eta, g, S0 = make_core_inputs(B, T, H, K, V, W, strong=strong, seed=seed, device=dev,
-                                             per_col=variant in ("2", "2A"))
+                                             per_col=spec.per_column)
     dt = getattr(torch, dtype)
     q, xw, vw = (t.to(dt).double() for t in (q, xw, vw))  # the reference sees the rounded inputs
     eta, g, S0 = (t.float().double() for t in (eta, g, S0))
@@ -69,7 +70,7 @@ def check_api(*, variant, dtype, K, seed=0, dev="cuda"):
     q = nrm(torch.randn(1, Tt, H, K, device=dev, dtype=torch.float64)).to(dt).double()
     k = nrm(torch.randn(1, Tt, H, K, device=dev, dtype=torch.float64)).to(dt).double()
     v = torch.randn(1, Tt, H, V, device=dev, dtype=torch.float64).to(dt).double()
-    pc = (V,) if variant in ("2", "2A") else ()
+    pc = (V,) if FalconSpec.from_variant(variant).per_column else ()
     beta = (torch.rand(1, Tt, H, *pc, device=dev, dtype=torch.float64) * 1.8).float().double()
     lam = (torch.rand(1, Tt, H, device=dev, dtype=torch.float64) * 0.5).float().double()
     kw = dict(variant=variant, window=4, lam_mode="scaled")
@@ -105,7 +106,7 @@ def check_decode_graph(*, variant, K=64, dev="cuda"):
 
     torch.manual_seed(3)
     B, H, V, T = 2, 3, K, 12
-    per_col = variant in ("2", "2A")
+    per_col = FalconSpec.from_variant(variant).per_column
     nrm = lambda t: t / t.norm(dim=-1, keepdim=True)  # noqa: E731
     q, k = (nrm(torch.randn(B, T, H, K, device=dev)) for _ in range(2))
     v = torch.randn(B, T, H, V, device=dev)
@@ -194,11 +195,9 @@ def main(argv=None):
         cfgs.append(dict(variant=variant, B=2, T=333, H=2, K=64, V=32, C=32, dtype="float32", read_after=False))
         cfgs.append(dict(variant=variant, B=1, T=640, H=2, K=64, V=64, C=64, dtype="float32", strong=True))
     for i, c in enumerate(cfgs):
-        delta = c["variant"] in ("1", "3")
-        per_col = c["variant"] in ("2", "2A")
-        W = 4 if c["variant"] in ("3", "3A") else 1
+        spec = FalconSpec.from_variant(c["variant"])
         row = dict(kind="core", **c)
-        if not supports(per_column=per_col, delta=delta, window=W):
+        if not supports(spec, window=4):
             row.update(status="not implemented in Triton")
             rows.append(row)
             continue

@@ -28,6 +28,9 @@ HBM_BPS = 4.8e12  # H200 datasheet
 WINDOW = 4
 
 
+from falcon_lab.kernels.spec import FalconSpec  # noqa: E402
+
+
 def _commit():
     if os.environ.get("FALCON_COMMIT"):
         return os.environ["FALCON_COMMIT"]
@@ -45,7 +48,7 @@ def make_inputs(op, B, T, H, K, V, dtype=torch.bfloat16, dev="cuda", seed=0):
     v = torch.randn(B, T, H, V, device=dev, dtype=dtype, generator=g)
     if op.startswith("falcon") or op.startswith("torch_chunk"):
         variant = op.split("-")[-1]
-        per_col = variant in ("2", "2A")
+        per_col = FalconSpec.from_variant(variant).per_column
         beta = (torch.rand(B, T, H, V, device=dev, generator=g) if per_col
                 else torch.rand(B, T, H, device=dev, generator=g)) * 1.8
         lam = torch.rand(B, T, H, device=dev, generator=g) * 0.5
@@ -183,7 +186,7 @@ def time_core(op, shape):
 
     B, T, H, K = shape
     variant = op.split("-")[-1]
-    delta = VARIANTS[variant][0]
+    delta = VARIANTS[variant].delta
     W = effective_window(variant, WINDOW)
     q, k, v, beta, lam = make_inputs(op, B, T, H, K, K)
     with torch.no_grad():

@@ -6,13 +6,14 @@ from typing import Optional, Tuple
 
 import torch
 
-from .prep import VARIANTS, effective_window, prepare
+from .dispatch import BACKENDS, select
+from .prep import effective_window, prepare
+from .spec import SPECS, FalconSpec
 from .state import FalconState
 
 STEPS = ("nlms", "direct")
 LAM_MODES = ("absolute", "scaled")
 READS = ("after", "before")
-BACKENDS = (None, "torch", "triton")
 
 
 def _err(arg: str, msg: str) -> ValueError:
@@ -21,8 +22,8 @@ def _err(arg: str, msg: str) -> ValueError:
 
 def _check(q, k, v, beta, lam, variant, window, step, lam_mode, shift, read, eps, eps_gamma,
            initial_state, cu_seqlens, chunk_size, backend):
-    if variant not in VARIANTS:
-        raise _err("variant", f"unknown variant {variant!r}; expected one of {sorted(VARIANTS)}")
+    if variant not in SPECS:
+        raise _err("variant", f"unknown variant {variant!r}; expected one of {sorted(SPECS)}")
     if step not in STEPS:
         raise _err("step", f"unknown step {step!r}; expected one of {STEPS}")
     if lam_mode not in LAM_MODES:
@@ -58,7 +59,7 @@ def _check(q, k, v, beta, lam, variant, window, step, lam_mode, shift, read, eps
     V = v.shape[-1]
     if T == 0:
         raise _err("q", "sequence length T must be >= 1")
-    per_column = VARIANTS[variant][1]
+    per_column = SPECS[variant].per_column
     want = (Bsz, T, H, V) if per_column else (Bsz, T, H)
     if tuple(beta.shape) != want:
         kind = "[B, T, H, V] (one gain per value channel)" if per_column else "[B, T, H]"
@@ -97,35 +98,12 @@ def _check(q, k, v, beta, lam, variant, window, step, lam_mode, shift, read, eps
             raise _err("initial_state", "incompatible with this call: " + "; ".join(mism))
 
 
-def _pick_core(backend, q, *, per_column, delta, window, grad):
-    """backend=None: Triton on CUDA tensors where a Triton path exists for this configuration,
-    else the chunked PyTorch form (which runs anywhere)."""
-    if backend in (None, "triton") and (q.is_cuda or backend == "triton"):
-        try:
-            from . import triton as tk
-        except ImportError as e:  # pragma: no cover - depends on the Triton install
-            if backend == "triton":
-                raise NotImplementedError(f"backend='triton' is not available: {e}") from e
-            tk = None
-        if tk is not None:
-            ok = tk.supports(per_column=per_column, delta=delta, window=window, T=q.shape[1], grad=grad,
-                             device_type=q.device.type)
-            if ok:
-                return tk.core
-            if backend == "triton":
-                raise NotImplementedError(
-                    f"backend='triton' has no kernel yet for per_column={per_column}, delta={delta}, "
-                    f"window={window}; use backend='torch' or backend=None (falls back to torch)")
-    from .chunk_torch import core_chunk
-    return core_chunk
-
-
 def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read, eps, eps_gamma,
             initial_state, output_final_state, cu_seqlens, chunk_size, backend, mode):
     _check(q, k, v, beta, lam, variant, window, step, lam_mode, shift, read, eps, eps_gamma,
            initial_state, cu_seqlens, chunk_size, backend)
-    delta, per_column, _ = VARIANTS[variant]
-    W = effective_window(variant, window)
+    spec = FalconSpec.from_variant(variant)
+    delta, W = spec.delta, spec.window(window)
     valid = None
     lengths = None
     if cu_seqlens is not None:  # gather the packed batch into right-padded rows
@@ -147,16 +125,11 @@ def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read,
                   tail_x=st.tail_x if st is not None else None,
                   tail_v=st.tail_v if st is not None else None, valid=valid)
     S0 = st.S.to(cd) if st is not None else None
-    if mode == "recurrent":
-        from .reference import core_recurrent
-        o, S = core_recurrent(q, inp.xw, inp.vw, inp.eta, inp.g, S0, delta=delta, window=W,
-                              read_after=(read == "after"))
-    else:
-        grad = torch.is_grad_enabled() and any(
-            t.requires_grad for t in (q, k, v, beta, lam, *( [S0] if S0 is not None else [])))
-        core = _pick_core(backend, q, per_column=per_column, delta=delta, window=W, grad=grad)
-        o, S = core(q, inp.xw, inp.vw, inp.eta, inp.g, S0, delta=delta, window=W,
-                    read_after=(read == "after"), chunk_size=chunk_size)
+    grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q, k, v, beta, lam, *([S0] if S0 is not None else [])))
+    core = select(spec, q, window=W, grad=grad, backend=backend, step=(mode == "step")).core
+    o, S = core(q, inp.xw, inp.vw, inp.eta, inp.g, S0, delta=delta, window=W, read_after=(read == "after"),
+                chunk_size=chunk_size)
     final = None
     if output_final_state:
         if lengths is None:
@@ -212,7 +185,7 @@ def chunk_falcon(
                    chunk_size=chunk_size, backend=backend, mode="chunk")
 
 
-def recurrent_falcon(
+def naive_recurrent_falcon(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -231,9 +204,42 @@ def recurrent_falcon(
     output_final_state: bool = False,
     cu_seqlens: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Optional[FalconState]]:
-    """Token-by-token Falcon scan: the float64 reference (pass float64 inputs), and with T = 1 and
-    a state, the decoding step. Same arguments and results as chunk_falcon."""
+    """Token-by-token Falcon scan in PyTorch, on any device: the float64 reference (pass float64
+    inputs). Same arguments and results as chunk_falcon (fla's `naive_*` naming)."""
     return _falcon(q, k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
                    shift=shift, read=read, eps=eps, eps_gamma=eps_gamma, initial_state=initial_state,
                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=1,
-                   backend="torch", mode="recurrent")
+                   backend="torch", mode="step")
+
+
+def fused_recurrent_falcon(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    lam: torch.Tensor,
+    *,
+    variant: str,
+    window: int = 4,
+    step: str = "nlms",
+    lam_mode: str = "absolute",
+    shift: bool = True,
+    read: str = "after",
+    eps: float = 1e-6,
+    eps_gamma: float = 1e-4,
+    initial_state: Optional[FalconState] = None,
+    output_final_state: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    backend: Optional[str] = None,
+) -> Tuple[torch.Tensor, Optional[FalconState]]:
+    """The fast recurrent step (decoding; fla's `fused_recurrent_*` naming): on CUDA, T = 1 without
+    gradients, the fused Triton decode kernel where it is proven on the H200 (falcon_lab/kernels/dispatch.py
+    says which); otherwise the PyTorch token recurrence. Same arguments and results as chunk_falcon."""
+    return _falcon(q, k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
+                   shift=shift, read=read, eps=eps, eps_gamma=eps_gamma, initial_state=initial_state,
+                   output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=16,
+                   backend=backend, mode="step")
+
+
+# The name used before fla's naming was adopted; the float64 reference loop (kept: tests and users call it).
+recurrent_falcon = naive_recurrent_falcon

@@ -12,15 +12,10 @@ from typing import Optional
 
 import torch
 
-# variant -> (delta: regression objective, per_column: gains per value channel, windowed)
-VARIANTS = {
-    "1": (True, False, False),
-    "2": (True, True, False),
-    "3": (True, False, True),
-    "1A": (False, False, False),
-    "2A": (False, True, False),
-    "3A": (False, False, True),
-}
+from .spec import SPECS, FalconSpec
+
+# variant name -> FalconSpec (delta, per_column, windowed): the one encoding of a variant (spec.py)
+VARIANTS = SPECS
 
 
 @dataclass
@@ -33,7 +28,7 @@ class CoreInputs:
 
 
 def effective_window(variant: str, window: int) -> int:
-    return window if VARIANTS[variant][2] else 1
+    return FalconSpec.from_variant(variant).window(window)
 
 
 def prepare(
@@ -55,8 +50,9 @@ def prepare(
     tail_v: Optional[torch.Tensor] = None,  # [B, W-1, H, V]
     valid: Optional[torch.Tensor] = None,  # [B, T] bool: False on right padding (varlen)
 ) -> CoreInputs:
-    delta, per_column, windowed = VARIANTS[variant]
-    W = effective_window(variant, window)
+    spec = FalconSpec.from_variant(variant)
+    per_column, windowed = spec.per_column, spec.windowed
+    W = spec.window(window)
     Bsz, T, H, K = k.shape
     V = v.shape[-1]
     cd = torch.float64 if k.dtype == torch.float64 else torch.float32
@@ -87,7 +83,7 @@ def prepare(
         stat = (xc[:, W - 1:] ** 2).sum(-1)  # E_t = ||x_t||²   [B, T, H]
     else:
         win = xc.unfold(1, W, 1)  # [B, T, H, K, W]: pairs t..t+W-1 of the extended stream
-        if variant == "3A":
+        if not spec.delta:  # 3A: mean window energy
             stat = (win ** 2).sum((-2, -1)) / count.clamp(min=1)[..., None]  # Ē_t
         else:  # "3": top eigenvalue of the W x W window Gram (zero rows add zero eigenvalues)
             gram = win.transpose(-1, -2) @ win  # [B, T, H, W, W]

@@ -23,6 +23,7 @@ def core_recurrent(
     delta: bool,
     window: int,
     read_after: bool,
+    chunk_size: Optional[int] = None,  # the core contract's argument; a token loop has no chunks
 ):
     cd = eta.dtype
     Bsz, T, H, K = q.shape

@@ -29,10 +29,11 @@ from typing import Optional
 
 import torch
 
+from ..spec import FalconSpec
 from .decode import decode_step
 from .ops import chunk_core
 
-__all__ = ["core", "supports", "decode_step", "interpreter_active"]
+__all__ = ["core", "check", "supports", "decode_step", "interpreter_active", "PROVEN_CHUNK", "PROVEN_DECODE"]
 
 
 def _read_interpret() -> bool:
@@ -63,30 +64,42 @@ def _unproven_enabled() -> bool:
     return _UNPROVEN
 
 
-# Configurations proven on the H200 (torch 2.11, Triton 3.6) against the float64 loop, forward and
-# backward, bf16 and fp32, NaN-poisoned outputs: benchmarks/results/triton_check_h200_final.md
-# (commit 9f41112). Keys: (per_column, delta, windowed).
-PROVEN_CHUNK = {(False, True, False), (False, False, False), (False, False, True), (False, True, True),
-                (True, False, False)}  # Falcon-1, 1A, 3A, 3 (window dividing 16), 2A
+# Variants proven on the H200 (torch 2.11, Triton 3.6) against the float64 loop, forward and backward,
+# bf16 and fp32, NaN-poisoned outputs: benchmarks/results/triton_check_h200_final.md (commit 9f41112).
+PROVEN_CHUNK = {"1", "1A", "3A", "3", "2A"}  # Falcon-3 with a window dividing 16
 # The fused decode step's graph-replayed output was checked for Falcon-1 and Falcon-2A only; the
 # Falcon-3 capture failed (cudaErrorStreamCaptureInvalidated) and 1A, 2, 3A were not reached.
-PROVEN_DECODE = {(False, True, False), (True, False, False)}
+PROVEN_DECODE = {"1", "2A"}
 
 
-def supports(*, per_column: bool, delta: bool, window: int, T: int = 2, grad: bool = True,
-             device_type: str = "cuda") -> bool:
-    """Whether `core` has a Triton path for this configuration (on this device type). On CUDA only
-    configurations proven on the H200 are used unless FALCON_TRITON_UNPROVEN=1; the interpreter
-    (CPU, CI) runs every kernel that exists."""
+def check(spec: FalconSpec, *, window: int, T: int = 2, grad: bool = True,
+          device_type: str = "cuda") -> tuple[bool, str]:
+    """(whether `core` runs this configuration with Triton on this device type, why). On CUDA only
+    variants proven on the H200 run unless FALCON_TRITON_UNPROVEN=1; the interpreter (CPU, CI) runs
+    every kernel that exists."""
     unproven_ok = device_type == "cpu" or interpreter_active() or _unproven_enabled()
-    key = (per_column, delta, window > 1)
+    W = spec.window(window)
     if T == 1 and not grad:
-        return key in PROVEN_DECODE or unproven_ok
-    if per_column and window > 1:
-        return False
-    if delta and window > 1 and 16 % window:  # Falcon-3's pseudo-token tiles need W | 16
-        return False
-    return key in PROVEN_CHUNK or unproven_ok
+        if spec.variant in PROVEN_DECODE:
+            return True, "fused decode kernel, proven on the H200"
+        if unproven_ok:
+            return True, "fused decode kernel (unproven on a GPU; interpreter or FALCON_TRITON_UNPROVEN=1)"
+        return False, f"the decode kernel is not proven on the H200 for {spec.label}"
+    if spec.per_column and W > 1:
+        return False, "no per-column windowed kernel"
+    if spec.delta and W > 1 and 16 % W:
+        return False, f"Falcon-3's pseudo-token tiles need a window dividing 16, got {W}"
+    if spec.variant in PROVEN_CHUNK:
+        return True, "chunk kernels, proven on the H200"
+    if unproven_ok:
+        return True, "chunk kernels (unproven on a GPU; interpreter or FALCON_TRITON_UNPROVEN=1)"
+    return False, (f"the {spec.label} chunk kernels are not proven on the H200 "
+                   "(FALCON_TRITON_UNPROVEN=1 runs them anyway)")
+
+
+def supports(spec: FalconSpec, *, window: int, T: int = 2, grad: bool = True, device_type: str = "cuda") -> bool:
+    """Whether `core` runs this configuration with Triton (see `check` for why not)."""
+    return check(spec, window=window, T=T, grad=grad, device_type=device_type)[0]
 
 
 def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: int,
@@ -123,15 +136,14 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     if T == 1 and not grad:
         return decode_step(q, xw.to(q.dtype), vw.to(q.dtype), eta, g, S0, delta=delta, window=W,
                            read_after=read_after)
-    if not supports(per_column=per_column, delta=delta, window=W, T=T, grad=grad, device_type=q.device.type):
-        raise NotImplementedError(
-            "backend='triton' has no chunk kernel for "
-            + (f"per-column gates (variant {'2' if delta else '2A'}) with window={W} on {q.device.type}"
-               + ("" if W > 1 else " (on CUDA: FALCON_TRITON_UNPROVEN=1 until it is checked on the GPU)")
-               if per_column else
-               f"windowed regression (variant 3) with window={W} on {q.device.type} (needs a window dividing 16; "
-               "on CUDA also FALCON_TRITON_UNPROVEN=1 until it is checked on the GPU)")
-            + "; use backend='torch'")
+    if per_column and W > 1:
+        raise NotImplementedError(f"backend='triton' has no chunk kernel for per-column gates with window={W}; "
+                                  "use backend='torch'")
+    spec = FalconSpec.from_flags(delta=delta, per_column=per_column, windowed=W > 1)
+    ok, why = check(spec, window=W, T=T, grad=grad, device_type=q.device.type)
+    if not ok:
+        raise NotImplementedError(f"backend='triton' has no chunk kernel for {spec.label} (window={W}) on "
+                                  f"{q.device.type}: {why}; use backend='torch'")
     q = q.contiguous()
     xw = xw.to(q.dtype).contiguous()
     vw = vw.to(q.dtype).contiguous()

@@ -51,21 +51,14 @@ def _gate_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def operator_backend_label(backend, q: torch.Tensor, variant: str, window: int | None) -> str:
-    """Which core chunk_falcon will run ("triton" or "torch"), mirroring the operator's dispatch:
-    backend=None takes Triton on CUDA only where a Triton path exists for the configuration."""
-    if backend == "torch" or not (q.is_cuda or backend == "triton"):
-        return "torch"
-    try:
-        from falcon_lab.kernels import triton as tk
-        from falcon_lab.kernels.prep import VARIANTS, effective_window
+def operator_backend_label(backend, q: torch.Tensor, variant: str, window: int | None, step: bool = False) -> str:
+    """Which core the Falcon op runs for this call ("triton" or "torch"): the op's own dispatch
+    decision (falcon_lab.kernels.dispatch.select), asked with the same arguments."""
+    from falcon_lab.kernels.dispatch import select
+    from falcon_lab.kernels.spec import FalconSpec
 
-        delta, per_column, _ = VARIANTS[variant]
-        ok = tk.supports(per_column=per_column, delta=delta, window=effective_window(variant, window or 1),
-                         T=q.shape[1], grad=torch.is_grad_enabled(), device_type=q.device.type)
-    except Exception:  # no Triton build: the operator falls back to torch (or raises for backend="triton")
-        return "torch"
-    return "triton" if ok else "torch"
+    return select(FalconSpec.from_variant(variant), q, window=window or 1, grad=torch.is_grad_enabled(),
+                  backend=backend, step=step).label
 
 
 def positions_in_sequence(cu_seqlens: torch.Tensor, total: int, device) -> torch.Tensor:

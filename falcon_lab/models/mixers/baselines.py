@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from falcon_lab.kernels import chunk_falcon, recurrent_falcon
+from falcon_lab.kernels import chunk_falcon, fused_recurrent_falcon
 from falcon_lab.models.mixers.base import (
     Mixer,
     _gate_dtype,
@@ -94,8 +94,10 @@ class _OperatorMixer(Mixer):
                       eps_gamma=eps_g, initial_state=state["op"] if state else None,
                       output_final_state=return_state)
             if decode:
-                o, op_state = recurrent_falcon(q2, k2, v2, eta.to(_gate_dtype(q2)), lam.to(_gate_dtype(q2)), **kw)
-                self.backend_used = "falcon-recurrent"
+                o, op_state = fused_recurrent_falcon(q2, k2, v2, eta.to(_gate_dtype(q2)), lam.to(_gate_dtype(q2)),
+                                                     backend=self.backend, **kw)
+                self.backend_used = "falcon-recurrent-" + operator_backend_label(self.backend, q2, self.variant, None,
+                                                                                step=True)
             else:
                 o, op_state = chunk_falcon(q2, k2, v2, eta.to(_gate_dtype(q2)), lam.to(_gate_dtype(q2)), cu_seqlens=cu_seqlens,
                                            chunk_size=self.chunk_size, backend=self.backend, **kw)

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from falcon_lab.kernels import chunk_falcon, recurrent_falcon
+from falcon_lab.kernels import FalconSpec, chunk_falcon, fused_recurrent_falcon
 from falcon_lab.models.mixers.base import (
     Mixer,
     _gate_dtype,
@@ -78,7 +78,7 @@ def resolve_falcon_knobs(variant, preset, qk_norm, gate, lam, window):
     for key, val, allowed in (("qk_norm", qk_norm, QK_NORMS), ("gate", gate, GATES), ("lam", lam, LAMS)):
         if val not in allowed:
             raise ValueError(f"mixer.{key}: {val!r} is not one of {allowed}")
-    if variant in ("3", "3A"):
+    if FalconSpec.from_variant(variant).windowed:
         window = DEFAULT_WINDOW if window is None else window
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"mixer.window: must be an integer >= 1, got {window!r}")
@@ -157,7 +157,8 @@ class FalconMixer(Mixer):
         self.beta_max, self.eta_max = float(beta_max), float(eta_max)
         self.backend, self.chunk_size = backend, int(chunk_size)
         mb = check_module_backend(module_backend)
-        self.per_column = self.variant in ("2", "2A")
+        self.spec = FalconSpec.from_variant(self.variant)
+        self.per_column = self.spec.per_column
         H, dk, dv = n_heads, head_dim, head_dim
         self.q_proj = nn.Linear(d_model, H * dk, bias=False)
         self.k_proj = nn.Linear(d_model, H * dk, bias=False)
@@ -231,8 +232,10 @@ class FalconMixer(Mixer):
         if self.window is not None:
             kw["window"] = self.window
         if decode:
-            o, op_state = recurrent_falcon(q, k, v, beta.to(_gate_dtype(q)), lam.to(_gate_dtype(q)), **kw)
-            self.backend_used = "recurrent"
+            o, op_state = fused_recurrent_falcon(q, k, v, beta.to(_gate_dtype(q)), lam.to(_gate_dtype(q)),
+                                                 backend=self.backend, **kw)
+            self.backend_used = "recurrent-" + operator_backend_label(self.backend, q, self.variant, self.window,
+                                                                     step=True)
         else:
             o, op_state = chunk_falcon(q, k, v, beta.to(_gate_dtype(q)), lam.to(_gate_dtype(q)), cu_seqlens=cu_seqlens,
                                        chunk_size=self.chunk_size, backend=self.backend, **kw)

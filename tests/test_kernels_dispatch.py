@@ -1,0 +1,62 @@
+"""One encoding of a variant (FalconSpec) and one dispatch decision (dispatch.select), used by the op
+and by the mixers' "which backend ran" label; fla's names for the op's three entry points."""
+import pytest
+import torch
+
+from falcon_lab.kernels import (VARIANTS, FalconSpec, chunk_falcon, fused_recurrent_falcon,
+                                naive_recurrent_falcon, recurrent_falcon)
+from falcon_lab.kernels.dispatch import select
+from falcon_lab.kernels.triton import PROVEN_CHUNK, PROVEN_DECODE, check
+
+
+def test_spec_table():
+    assert {v: tuple(s) for v, s in VARIANTS.items()} == {
+        "1": (True, False, False), "2": (True, True, False), "3": (True, False, True),
+        "1A": (False, False, False), "2A": (False, True, False), "3A": (False, False, True)}
+    for v, s in VARIANTS.items():
+        assert FalconSpec.from_variant(v) is s and s.label == f"Falcon-{v}"
+        assert FalconSpec.from_flags(delta=s.delta, per_column=s.per_column, windowed=s.windowed) is s
+        assert s.window(4) == (4 if v.startswith("3") else 1)
+    with pytest.raises(ValueError, match="variant"):
+        FalconSpec.from_variant("4")
+    assert PROVEN_CHUNK <= set(VARIANTS) and PROVEN_DECODE <= set(VARIANTS)
+
+
+def test_select_on_cpu_and_forced_torch():
+    q = torch.zeros(1, 8, 1, 16)
+    for v, s in VARIANTS.items():
+        c = select(s, q, window=4, grad=True)
+        assert (c.label, c.core.__name__) == ("torch", "core_chunk") and "cpu" in c.reason
+        c = select(s, q, window=4, grad=False, step=True)
+        assert (c.label, c.core.__name__) == ("torch", "core_recurrent")
+        assert select(s, q, window=4, grad=True, backend="torch").reason == "backend='torch'"
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_proven_tables_decide_cuda_dispatch(variant):
+    """What CUDA would run, asked of the Triton module without a GPU (device_type only)."""
+    s = FalconSpec.from_variant(variant)
+    ok, why = check(s, window=4, T=64, grad=True, device_type="cuda")
+    assert ok == (variant in PROVEN_CHUNK) and why
+    ok, why = check(s, window=4, T=1, grad=False, device_type="cuda")
+    assert ok == (variant in PROVEN_DECODE) and why
+    ok, why = check(s, window=3, T=64, grad=True, device_type="cuda")
+    assert ok == (variant in PROVEN_CHUNK and variant != "3") and why  # Falcon-3 tiles need W | 16
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_fused_step_equals_naive_and_chunk_on_cpu(variant):
+    torch.manual_seed(0)
+    B, T, H, K = 2, 9, 2, 8
+    q = torch.nn.functional.normalize(torch.randn(B, T, H, K, dtype=torch.float64), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, dtype=torch.float64), dim=-1)
+    v = torch.randn(B, T, H, K, dtype=torch.float64)
+    shape = (B, T, H, K) if FalconSpec.from_variant(variant).per_column else (B, T, H)
+    beta, lam = torch.rand(shape, dtype=torch.float64), 0.3 * torch.rand(B, T, H, dtype=torch.float64)
+    kw = dict(variant=variant, window=3)
+    ref, _ = naive_recurrent_falcon(q, k, v, beta, lam, **kw)
+    assert recurrent_falcon is naive_recurrent_falcon
+    out, _ = fused_recurrent_falcon(q, k, v, beta, lam, **kw)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)  # CPU: the same token recurrence
+    ch, _ = chunk_falcon(q, k, v, beta, lam, chunk_size=4, **kw)
+    torch.testing.assert_close(ch, ref, rtol=1e-9, atol=1e-10)
