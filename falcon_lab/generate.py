@@ -4,6 +4,7 @@ Recurrent mixers decode with O(1) state per token (the Falcon operator's recurre
 uses a KV cache."""
 from __future__ import annotations
 
+import sys
 import time
 
 import hydra
@@ -15,10 +16,15 @@ def main(cfg: DictConfig) -> None:
     import torch
 
     from falcon_lab.training import load_checkpoint
+    from falcon_lab.training.validate import ConfigError
 
     if cfg.cuda_graph and not str(cfg.device).startswith("cuda"):
         raise ValueError(f"cuda_graph=true needs device=cuda (got device={cfg.device})")
-    model, tok, tcfg = load_checkpoint(str(cfg.ckpt), map_location=cfg.device)
+    try:
+        model, tok, tcfg = load_checkpoint(str(cfg.ckpt), map_location=cfg.device)
+    except (ConfigError, FileNotFoundError) as e:  # not a checkpoint, or one that would run code
+        print(f"[falcon_lab] generate: {e}", file=sys.stderr)
+        sys.exit(2)
     model.to(cfg.device)
     ids = torch.tensor([tok.encode(str(cfg.prompt), add_bos=True)], device=cfg.device)
     gen = torch.Generator(device=cfg.device).manual_seed(int(cfg.seed))

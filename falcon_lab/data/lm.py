@@ -130,7 +130,13 @@ class StepBatchSampler(Sampler):
     """Global batch g = rows perm_e[(g*GB + j) mod n], epoch e = (g*GB + j) // n, perm_e = randperm(n, seed+e).
 
     Each rank takes its slice [rank*B : (rank+1)*B] of every global batch. Starting at `start_batch`
-    reproduces an uninterrupted run exactly (ours)."""
+    reproduces an uninterrupted run exactly (ours).
+
+    The whole run is ONE Lightning epoch of `total_batches` batches, and `len()` is that, also when resuming:
+    Lightning restores its in-epoch batch counter to `start_batch` and counts the batches still to come on top
+    of it (epoch end when counter == len, `is_last_batch` when start + fetched >= len). A length of
+    `total - start` made it end the epoch early (resuming before the midpoint) or after one batch (past it),
+    then iterate this sampler again from `start_batch`: batches trained twice (issue 16)."""
 
     def __init__(self, n_rows, batch_size, seed, start_batch=0, total_batches=None, rank=0, world_size=1):
         self.n, self.B, self.seed = n_rows, batch_size, seed
@@ -145,9 +151,10 @@ class StepBatchSampler(Sampler):
         return self._perms[e]
 
     def __len__(self):
+        # the epoch's length, not what is left of it (see the class docstring)
         if self.total is None:
             return 10**12
-        return max(0, self.total - self.start)
+        return max(0, self.total)
 
     def __iter__(self):
         GB = self.B * self.world
@@ -156,6 +163,19 @@ class StepBatchSampler(Sampler):
             pos = g * GB + self.rank * self.B
             yield [int(self._perm((pos + j) // self.n)[(pos + j) % self.n]) for j in range(self.B)]
             g += 1
+
+
+class StepDataLoader(DataLoader):
+    """The training DataLoader over a StepBatchSampler. Its position needs no saved state: the sampler starts
+    at global_step * accumulate_grad_batches, which the checkpoint restores. state_dict/load_state_dict make
+    Lightning treat it as resumable (so it does not warn "your dataloader is not resumable" on every
+    mid-run resume, which is exact)."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        pass
 
 
 @register_datamodule("lm")
@@ -273,8 +293,8 @@ class LMDataModule(L.LightningDataModule):
             if total is None and self.trainer.max_steps and self.trainer.max_steps > 0:
                 total = int(self.trainer.max_steps) * accum
         sampler = StepBatchSampler(len(rows), self.batch_size, self.seed, start, total, rank, world)
-        return DataLoader(rows, batch_sampler=sampler, collate_fn=self._collate(),
-                          num_workers=int(self.cfg.get("num_workers", 0)))
+        return StepDataLoader(rows, batch_sampler=sampler, collate_fn=self._collate(),
+                              num_workers=int(self.cfg.get("num_workers", 0)))
 
     def val_dataloader(self):
         rows = self.rows("validation")

@@ -50,8 +50,10 @@ def sanitize_metric(k: str) -> str:
 # MLflow
 # ---------------------------------------------------------------------------------------------
 def _ckpt_meta(path) -> dict:
+    from falcon_lab.training.validate import load_checkpoint_safely
+
     try:
-        ck = torch.load(str(path), map_location="cpu", weights_only=False, mmap=True)
+        ck = load_checkpoint_safely(path, "ckpt", mmap=True)
     except Exception:
         return {}
     meta = ck.get("falcon_lab") if isinstance(ck, dict) else None
@@ -366,8 +368,12 @@ def evaluate(ecfg: DictConfig) -> dict:
     "results"}."""
     suites = check_config(ecfg)
     from falcon_lab.training import load_checkpoint
+    from falcon_lab.training.validate import ConfigError
     torch.manual_seed(int(ecfg.seed))
-    model, tok, train_cfg = load_checkpoint(str(ecfg.ckpt))
+    try:
+        model, tok, train_cfg = load_checkpoint(str(ecfg.ckpt))
+    except ConfigError as e:  # not a checkpoint, or one that would run code: refused, naming ckpt
+        raise EvalConfigError(str(e)) from None
     dev = _device(ecfg.get("device", "auto"))
     model = model.to(dev)
     if ecfg.get("dtype"):

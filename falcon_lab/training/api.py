@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from falcon_lab.training.validate import validate_config
+from falcon_lab.training.validate import ConfigError, load_checkpoint_safely, validate_config
 
 TRAINER_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision", "max_steps",
                 "val_check_interval", "limit_val_batches", "limit_train_batches", "log_every_n_steps",
@@ -65,6 +65,7 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
     from falcon_lab.data import build_datamodule
     from falcon_lab.data.corpus import kjv_sentences
     from falcon_lab.training.callbacks import MetricHistory, ThroughputMFU, device_peak_flops, plot_curves
+    from falcon_lab.training.checkpoint_io import AtomicCheckpointIO
     from falcon_lab.training.mlflow import build_logger, resolve_tracking_uri
     from falcon_lab.training.module import LitLM
 
@@ -115,6 +116,7 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
         callbacks=cbs,
         default_root_dir=str(run_dir),
         gradient_clip_val=float(cfg.optim.get("grad_clip", 1.0)) or None,
+        plugins=[AtomicCheckpointIO()],  # same-folder temp file + fsync + os.replace (issue 16)
         use_distributed_sampler=False,
         check_val_every_n_epoch=None,
         max_epochs=-1,
@@ -138,7 +140,7 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
             logger.experiment.set_tag(run_id, "run_dir", str(run_dir))
             logger.experiment.set_tag(run_id, "params_total", str(module.model.num_params()))
             logger.experiment.set_tag(run_id, "state_numel_per_seq", str(module.model.state_numel(1, int(cfg.data.seq_len))))
-        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)  # a checkpoint runs no code
         status = "success"
     finally:
         if logger is not None and trainer.global_rank == 0:
@@ -187,10 +189,10 @@ def load_checkpoint(path: str, map_location="cpu"):
 
     if not os.path.isfile(str(path)):
         raise FileNotFoundError(f"ckpt: no checkpoint file at {path!r}")
-    ckpt = torch.load(str(path), map_location=map_location, weights_only=False)
+    ckpt = load_checkpoint_safely(path, "ckpt", map_location=map_location)  # weights_only: runs no code
     hp = ckpt.get("hyper_parameters") or {}
-    if "cfg" not in hp:
-        raise ValueError(f"ckpt: {path} was not written by falcon_lab.training (no cfg in hyper_parameters)")
+    if not isinstance(hp, dict) or "cfg" not in hp:
+        raise ConfigError(f"ckpt: {path} was not written by falcon_lab.training (no cfg in hyper_parameters)")
     cfg = OmegaConf.create(hp["cfg"])
     tokenizer = tokenizer_from_state(hp.get("tokenizer_name", "byte"))
     width_mult = mup_width_mult(hp["cfg"]["model"], hp["cfg"]["optim"])

@@ -100,9 +100,9 @@ def resume_run_id(cfg) -> str | None:
     ck = cfg.get("ckpt_path")
     if not ck or not Path(str(ck)).is_file():
         return None
-    import torch
+    from falcon_lab.training.validate import load_checkpoint_safely
 
-    meta = torch.load(str(ck), map_location="cpu", weights_only=False).get("falcon_lab") or {}
+    meta = load_checkpoint_safely(ck, "ckpt_path", mmap=True).get("falcon_lab") or {}
     rid, uri = meta.get("mlflow_run_id"), meta.get("tracking_uri")
     if not rid or uri != resolve_tracking_uri(cfg.logger):
         return None
@@ -115,6 +115,17 @@ def resume_run_id(cfg) -> str | None:
     return rid
 
 
+def default_run_name(tags: dict) -> str:
+    """<mixer>[-<variant>]-<time>-<4 hex>: MLflow's own random name comes from Python's `random`, which the
+    run has just seeded, so every run with the same seed got the same name. uuid4 reads os.urandom."""
+    import time
+    import uuid
+
+    what = tags.get("variant", "").removeprefix("Falcon-") if tags.get("mixer") == "falcon" else ""
+    parts = [tags.get("mixer", "run"), what, time.strftime("%Y%m%d-%H%M%S"), uuid.uuid4().hex[:4]]
+    return "-".join(p for p in parts if p)
+
+
 def build_logger(cfg):
     """Lightning's MLFlowLogger on the resolved store, or None when logger.name == none.
     Resuming from a checkpoint continues the checkpoint's MLflow run (same store)."""
@@ -123,11 +134,12 @@ def build_logger(cfg):
     from lightning.pytorch.loggers import MLFlowLogger
 
     uri = resolve_tracking_uri(cfg.logger)
+    tags = run_tags(cfg)
     return MLFlowLogger(
         experiment_name=str(cfg.logger.experiment_name),
-        run_name=cfg.logger.get("run_name"),
+        run_name=cfg.logger.get("run_name") or tags.get("mlflow.runName") or default_run_name(tags),
         tracking_uri=uri,
-        tags=run_tags(cfg),
+        tags=tags,
         artifact_location=resolve_artifact_location(uri, cfg.logger),
         run_id=resume_run_id(cfg),
         log_model=False,

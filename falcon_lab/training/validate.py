@@ -1,7 +1,10 @@
 """Start-up validation: one clear error naming the key, before any data or model is built."""
 from __future__ import annotations
 
+import math
 import os
+import re
+import zipfile
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -33,6 +36,29 @@ def _number(value, key: str, kind=float):
         return kind(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{key}: must be a number, got {value!r}") from None
+
+
+def load_checkpoint_safely(path, key: str, map_location="cpu", mmap: bool = False) -> dict:
+    """torch.load with weights_only=True: tensors and plain containers only (what this platform's checkpoints
+    hold), so a crafted checkpoint cannot run code when loaded. Anything else is a ConfigError naming `key`."""
+    import torch
+
+    is_zip = zipfile.is_zipfile(str(path))  # torch.save's format (mmap needs it)
+    try:
+        ck = torch.load(str(path), map_location=map_location, weights_only=True, mmap=mmap and is_zip)
+    except Exception as e:
+        msg = str(e)
+        if "Weights only load failed" in msg:
+            found = re.search(r"WeightsUnpickler error:\s*([^.\n]+)", msg)
+            raise ConfigError(f"{key}: {str(path)!r} holds objects other than tensors and plain containers"
+                              f"{f' ({found.group(1).strip()})' if found else ''}; refused, because loading them "
+                              "could run code (checkpoints written by python -m falcon_lab.fit hold none)") from None
+        why = "not a zip archive as torch.save writes" if not is_zip else \
+            f"{type(e).__name__}: {msg.strip().splitlines()[0][:200] if msg.strip() else ''}"
+        raise ConfigError(f"{key}: {str(path)!r} is not a PyTorch checkpoint ({why})") from None
+    if not isinstance(ck, dict):
+        raise ConfigError(f"{key}: {str(path)!r} is not a checkpoint (it holds a {type(ck).__name__}, not a dict)")
+    return ck
 
 
 def _falcon_defaults() -> dict:
@@ -80,8 +106,14 @@ def validate_config(cfg: DictConfig) -> None:
 
     if cfg.model.get("loss_impl", "chunked") not in LOSS_IMPLS:
         raise ConfigError(f"model.loss_impl: {cfg.model.get('loss_impl')!r} is not one of {LOSS_IMPLS}")
-    if _number(_need(cfg, "optim.lr"), "optim.lr") <= 0:
-        raise ConfigError(f"optim.lr: must be > 0, got {cfg.optim.lr}")
+    lr = _number(_need(cfg, "optim.lr"), "optim.lr")
+    if not (math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"optim.lr: must be a finite number > 0, got {cfg.optim.lr}")
+    for k in ("weight_decay", "warmup_steps", "grad_clip"):  # grad_clip 0: no clipping
+        if k in cfg.optim:
+            v = _number(cfg.optim[k], f"optim.{k}")
+            if not (math.isfinite(v) and v >= 0):
+                raise ConfigError(f"optim.{k}: must be a finite number >= 0, got {cfg.optim[k]!r}")
     # ---- mixer
     mixer = OmegaConf.to_container(_need(cfg, "mixer"), resolve=True)
     name = mixer.get("name")
@@ -107,9 +139,11 @@ def validate_config(cfg: DictConfig) -> None:
             raise ConfigError(f"mixer.read: {mixer.get('read')!r} is not one of {READS}")
         if not isinstance(mixer.get("shift", True), bool):
             raise ConfigError(f"mixer.shift: must be true or false, got {mixer.get('shift')!r}")
-        for k in ("eps", "eps_gamma", "lam_scale", "beta_max", "eta_max"):
+        for k in ("eps", "eps_gamma", "lam_scale", "lam_value", "beta_max", "eta_max"):
             if k in mixer and not (_number(mixer[k], f"mixer.{k}") >= 0):
                 raise ConfigError(f"mixer.{k}: must be >= 0, got {mixer[k]!r}")
+        if "eps_gamma" in mixer and not (0 < float(mixer["eps_gamma"]) <= 1):  # the operator's decay clamp
+            raise ConfigError(f"mixer.eps_gamma: must be in (0, 1], got {mixer['eps_gamma']!r}")
         _check_applicability(mixer)
         if mixer.get("module_backend") not in (None, "torch", "triton"):
             raise ConfigError(f"mixer.module_backend: {mixer.get('module_backend')!r} is not one of null, torch, triton")
@@ -138,10 +172,18 @@ def validate_config(cfg: DictConfig) -> None:
                 raise ConfigError(str(e)) from None
         if cfg.data.get("tokenizer", "byte") not in ("byte", "bpe", "gpt2", "tiktoken"):
             raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} is not one of byte, bpe, gpt2")
+    # ---- checkpoints
+    top_k = (cfg.get("checkpoint") or {}).get("save_top_k", 1)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < -1:
+        raise ConfigError(f"checkpoint.save_top_k: must be an integer >= -1 (-1 keeps every checkpoint), "
+                          f"got {top_k!r}")
     # ---- resume
     ck = cfg.get("ckpt_path")
     if ck and ck not in ("last",) and not os.path.isfile(str(ck)):
         raise ConfigError(f"ckpt_path: no checkpoint file at {ck!r}")
+    if ck and ck not in ("last",):  # verified safely here: some Lightning strategies unpickle it unrestricted
+        if "state_dict" not in load_checkpoint_safely(ck, "ckpt_path", mmap=True):
+            raise ConfigError(f"ckpt_path: {ck!r} is not a Lightning checkpoint (no state_dict)")
     if cfg.trainer.get("val_check_interval") is not None and \
             _number(cfg.trainer.val_check_interval, "trainer.val_check_interval", int) < 1:
         raise ConfigError("trainer.val_check_interval: must be >= 1 (steps)")

@@ -15,6 +15,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from falcon_lab.data.lm import StepDataLoader
 from falcon_lab.data.registry import register_datamodule
 from falcon_lab.data.tasks.addition import AdditionTask
 from falcon_lab.data.tasks.mqar import MQARSpec, make_mqar
@@ -55,7 +56,9 @@ class _StepSampler(Sampler):
         self.bs, self.start, self.total, self.rank, self.world = batch_size, start_batch, total_batches, rank, world
 
     def __len__(self):
-        return max(0, self.total - self.start)
+        # the run's one Lightning epoch, not what is left of it: resuming, Lightning counts on from its
+        # restored in-epoch counter (= start), see falcon_lab.data.lm.StepBatchSampler (issue 16)
+        return max(0, self.total)
 
     def __iter__(self):
         for b in range(self.start, self.total):
@@ -85,8 +88,8 @@ class _TaskDataModule(L.LightningDataModule):
             if self.trainer.max_steps and self.trainer.max_steps > 0:
                 total = int(self.trainer.max_steps) * accum
         sampler = _StepSampler(self.batch_size, start, total, rank, world)
-        return DataLoader(_Indexed(make, 10 ** 12), batch_sampler=sampler, collate_fn=self.collate,
-                          num_workers=self.num_workers)
+        return StepDataLoader(_Indexed(make, 10 ** 12), batch_sampler=sampler, collate_fn=self.collate,
+                              num_workers=self.num_workers)
 
 
 @register_datamodule("addition")
