@@ -7,13 +7,11 @@ first imported, and other tests of this process may have imported it already); f
 (bf16 arithmetic is wrong in the interpreter).
 """
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from interp_helpers import run_interp_cases
 import torch
 import torch.nn.functional as F
 
@@ -170,18 +168,7 @@ EXTRA = [_c("compile-fullgraph", kind="compile", cache=True, seed=14),
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, TRITON_INTERPRET="1", FALCON_TRITON_POISON="1", PYTHONWARNINGS="ignore",
-               OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, str(HERE / "modules_interp_cases.py"), json.dumps(CASES + EXTRA)],
-                         env=env, capture_output=True, text=True, timeout=300, cwd=str(HERE.parent))
-    res = {}
-    for line in out.stdout.splitlines():
-        if line.startswith("{"):
-            d = json.loads(line)
-            res[d["id"]] = d
-    if not res:
-        pytest.fail(f"interpreter subprocess produced no results:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
-    return res
+    return run_interp_cases("modules_interp_cases.py", CASES + EXTRA, timeout=300, FALCON_TRITON_POISON="1")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])

@@ -4,13 +4,14 @@ TRITON_INTERPRET=1, tests/norm_interp_cases.py, since triton reads the variable 
 against the torch path in float64. Tiny sizes; fp32 and fp16 only under the interpreter (its bf16
 arithmetic is wrong)."""
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from interp_helpers import run_interp_cases
 import torch
 import torch.nn.functional as F
 
@@ -149,18 +150,7 @@ COMPILE = [dict(id="compile-aot_eager-fullgraph", compile=True, seed=7)]
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, str(HERE / "norm_interp_cases.py"), json.dumps(CASES + COMPILE)],
-                         env=env, capture_output=True, text=True, timeout=600, cwd=str(HERE.parent))
-    res = {}
-    for line in out.stdout.splitlines():
-        if line.startswith("{"):
-            d = json.loads(line)
-            res[d["id"]] = d
-    if not res:
-        pytest.fail(f"interpreter subprocess produced no results:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
-    return res
+    return run_interp_cases("norm_interp_cases.py", CASES + COMPILE, timeout=600)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])

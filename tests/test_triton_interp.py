@@ -6,13 +6,14 @@ and each case is checked here. Tiny sizes; fp32 and fp16 only (bf16 arithmetic i
 interpreter, platform-notes.md).
 """
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from interp_helpers import run_interp_cases
 
 HERE = Path(__file__).resolve().parent
 
@@ -65,17 +66,7 @@ API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="floa
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, str(HERE / "triton_interp_cases.py"), json.dumps(CASES + DECODE + API + COMPILE)],
-                         env=env, capture_output=True, text=True, timeout=600, cwd=str(HERE.parent))
-    res = {}
-    for line in out.stdout.splitlines():
-        if line.startswith("{"):
-            d = json.loads(line)
-            res[d["id"]] = d
-    if not res:
-        pytest.fail(f"interpreter subprocess produced no results:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
-    return res
+    return run_interp_cases("triton_interp_cases.py", CASES + DECODE + API + COMPILE, timeout=600)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
