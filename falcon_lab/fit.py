@@ -7,6 +7,10 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig, open_dict
 
+from falcon_lab.training.validate import register_resolvers
+
+register_resolvers()  # before Hydra resolves its run dir: outputs/${falcon_dirname:${logger.experiment_name}}/...
+
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:

@@ -60,6 +60,19 @@ def _ckpt_meta(path) -> dict:
     return dict(meta) if isinstance(meta, dict) else {}
 
 
+def _existing_store(uri) -> bool:
+    """True for a tracking URI taken from a checkpoint that may be followed: a SQLite store whose file already
+    exists, or a server/database URI (nothing is created on this machine). A SQLite path that does not exist,
+    or a file: store, is not followed."""
+    if not uri:
+        return False
+    uri = str(uri)
+    if uri.startswith("sqlite:"):
+        path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+        return bool(path) and os.path.isfile(path)
+    return not uri.startswith("file:") and "://" in uri
+
+
 class MlflowSink:
     def __init__(self, ecfg, train_cfg, ckpt_path: str):
         import mlflow
@@ -68,8 +81,13 @@ class MlflowSink:
         from falcon_lab.training.mlflow import resolve_artifact_location, resolve_tracking_uri
         m = ecfg.mlflow
         meta = _ckpt_meta(ckpt_path)  # {"mlflow_run_id", "tracking_uri"} recorded by training
-        uri = m.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or meta.get("tracking_uri") or \
-            resolve_tracking_uri(train_cfg.get("logger") if train_cfg is not None else None)
+        # the store named inside the checkpoint (its metadata, or its training config) is used only when it
+        # already exists: a checkpoint must never make evaluate create a database wherever it points
+        ck_uris = [meta.get("tracking_uri")]
+        if train_cfg is not None and train_cfg.get("logger") is not None:
+            ck_uris.append(train_cfg.logger.get("tracking_uri"))
+        uri = m.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or \
+            next((u for u in ck_uris if _existing_store(u)), None) or resolve_tracking_uri(None)
         self.uri = uri
         mlflow.set_tracking_uri(uri)
         self.client = MlflowClient(tracking_uri=uri)
@@ -358,6 +376,11 @@ def check_config(ecfg):
     bad = [s for s in suites if s not in SUITES]
     if bad or not suites:
         raise EvalConfigError(f"suites: unknown {bad}; choose from {list(SUITES)}")
+    dt = ecfg.get("dtype")
+    if dt is not None and not (isinstance(getattr(torch, str(dt), None), torch.dtype)
+                               and getattr(torch, str(dt)).is_floating_point):
+        raise EvalConfigError(f"dtype: {dt!r} is not a floating-point torch dtype; use null (the checkpoint's "
+                              "float32), float32, bfloat16 or float16")
     if int(ecfg.batch_size) < 1:
         raise EvalConfigError(f"batch_size={ecfg.batch_size}: must be >= 1")
     return suites

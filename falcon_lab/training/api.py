@@ -48,6 +48,82 @@ def _check_devices(cfg) -> None:
                          "(multi-process on CPU: trainer=ddp trainer.accelerator=cpu, or trainer=fsdp_cpu)")
 
 
+def _norm_key(k: str) -> str:
+    """A state_dict key without the wrappers torch.compile / activation checkpointing / FSDP insert."""
+    for w in ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module."):
+        k = k.replace(w, "")
+    return k
+
+
+def check_ckpt_fits(path, module, cfg) -> int:
+    """Resuming from `path` must fit the configured model: every tensor present with the same shape. Checked
+    before the MLflow run is touched, so that a resume that cannot work leaves the run it came from (often a
+    FINISHED one) exactly as it was. ConfigError naming ckpt_path and the model settings that differ; else the
+    checkpoint's global_step."""
+    ck = load_checkpoint_safely(path, "ckpt_path", mmap=True)
+    got = {_norm_key(k): tuple(v.shape) for k, v in (ck.get("state_dict") or {}).items() if hasattr(v, "shape")}
+    want = {_norm_key(k): tuple(v.shape) for k, v in module.state_dict().items()}
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    shape = sorted(k for k in set(want) & set(got) if want[k] != got[k])
+    if not (missing or extra or shape):
+        return int(ck.get("global_step") or 0)
+    what = []
+    if shape:
+        k = shape[0]
+        what.append(f"{len(shape)} tensors differ in shape "
+                    f"(e.g. {k}: checkpoint {list(got[k])}, model {list(want[k])})")
+    if missing:
+        what.append(f"{len(missing)} tensors of the model are not in it (e.g. {missing[0]})")
+    if extra:
+        what.append(f"{len(extra)} tensors in it are not in the model (e.g. {extra[0]})")
+    hint = ""
+    old = ((ck.get("hyper_parameters") or {}).get("cfg") or {}) if isinstance(ck.get("hyper_parameters"), dict) else {}
+    if isinstance(old, dict):
+        now = OmegaConf.to_container(cfg, resolve=True)
+        diffs = []
+        for group in ("model", "mixer"):
+            a, b = old.get(group) or {}, now.get(group) or {}
+            for key in sorted(set(a) | set(b)):
+                if key not in ("compile", "activation_checkpointing", "loss_impl") and a.get(key) != b.get(key):
+                    diffs.append(f"{group}.{key}: checkpoint {a.get(key)!r}, now {b.get(key)!r}")
+        if diffs:
+            hint = "; settings that differ: " + ", ".join(diffs[:8])
+    raise ConfigError(f"ckpt_path: {str(path)!r} does not fit the configured model: {'; '.join(what)}{hint}. "
+                      "Resume with the checkpoint's model settings (nothing was changed in its MLflow run)")
+
+
+def _save_on_interrupt(path, logger):
+    """A callback: Ctrl-C (KeyboardInterrupt) during fit writes <run_dir>/checkpoints/last.ckpt at the current
+    step (resume from it with ckpt_path=) and has the MLflow run end KILLED rather than FAILED."""
+    import lightning as L
+
+    class SaveOnInterrupt(L.Callback):
+        def __init__(self, path, logger):
+            self.path, self.logger = Path(path), logger
+            self.started = self.interrupted = False
+
+        def on_train_start(self, trainer, pl_module):
+            self.started = True  # after a resume has restored its state: saving now cannot lose progress
+
+        def on_exception(self, trainer, pl_module, exception):
+            if not isinstance(exception, KeyboardInterrupt):
+                return
+            self.interrupted = True
+            if self.logger is not None:
+                self.logger.killed = True
+            if not self.started:
+                return
+            try:
+                trainer.save_checkpoint(str(self.path))
+                print(f"\n[falcon_lab] interrupted at step {trainer.global_step}: saved {self.path} "
+                      f"(resume with ckpt_path={self.path})", flush=True)
+            except Exception as e:  # the interrupt must still end the run
+                print(f"[falcon_lab] warning: interrupted, but could not save {self.path}: {e}", flush=True)
+
+    return SaveOnInterrupt(path, logger)
+
+
 def resolve_compile(value, accelerator: str) -> bool:
     """model.compile=auto (the default): torch.compile the blocks when training on CUDA, the same for
     every mixer; eager on CPU, where compiling costs more than it saves on the tiny models run there."""
@@ -90,8 +166,15 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
     if checks.get("shuffle", True) and cfg.data.name == "lm" and cfg.data.get("source", "kjv") == "kjv":
         module.check_sentences = kjv_sentences("validation")[: int(checks.get("n_sentences", 64))]
 
+    ckpt_path = cfg.get("ckpt_path") or None
+    ckpt_step = None
+    if ckpt_path and ckpt_path != "last":  # before the MLflow run is touched (issue 16)
+        ckpt_step = check_ckpt_fits(ckpt_path, module, cfg)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     logger = build_logger(cfg)
+    # a resume continues an existing run: remember how it stood, so that a resume that fails before training a
+    # single step (the checkpoint's state could not be restored) leaves it as it was
+    before = _run_snapshot(logger) if logger is not None and logger._run_id is not None else None
     accum = int(cfg.trainer.get("accumulate_grad_batches") or 1)
     tkw = _trainer_kwargs(cfg)
     history = MetricHistory()
@@ -100,7 +183,8 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
     best_cb = ModelCheckpoint(dirpath=ckpt_dir, filename="best-step{step:06d}", monitor="val/loss", mode="min",
                               save_top_k=int(ck.get("save_top_k", 1)), save_last=bool(ck.get("save_last", True)),
                               auto_insert_metric_name=False)
-    cbs = [best_cb, history]
+    interrupt_cb = _save_on_interrupt(ckpt_dir / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt", logger)
+    cbs = [best_cb, history, interrupt_cb]
     if ck.get("every_n_steps"):
         cbs.append(ModelCheckpoint(dirpath=ckpt_dir, filename="step{step:06d}", monitor=None, save_top_k=-1,
                                    every_n_train_steps=int(ck.every_n_steps), auto_insert_metric_name=False))
@@ -126,7 +210,6 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
     peak = device_peak_flops((cfg.get("metrics") or {}).get("peak_flops"))
     trainer.callbacks.append(ThroughputMFU(tokens_per_step, module.model.flops_per_token(int(cfg.data.seq_len)),
                                            peak, log_every=int(cfg.trainer.get("log_every_n_steps") or 1)))
-    ckpt_path = cfg.get("ckpt_path") or None
     status = "failed"
     run_id = None
     try:
@@ -140,7 +223,20 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
             logger.experiment.set_tag(run_id, "run_dir", str(run_dir))
             logger.experiment.set_tag(run_id, "params_total", str(module.model.num_params()))
             logger.experiment.set_tag(run_id, "state_numel_per_seq", str(module.model.state_numel(1, int(cfg.data.seq_len))))
-        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)  # a checkpoint runs no code
+        import signal
+        import threading
+
+        sigint = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+        try:
+            trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)  # a checkpoint runs no code
+        except SystemExit:
+            if not interrupt_cb.interrupted:
+                raise
+            # Lightning turns Ctrl-C into sys.exit(1) and leaves SIGINT ignored: give the caller the interrupt back
+            if sigint is not None:
+                signal.signal(signal.SIGINT, sigint)
+            status = "killed"
+            raise KeyboardInterrupt from None
         status = "success"
     finally:
         if logger is not None and trainer.global_rank == 0:
@@ -154,6 +250,9 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
                 except Exception as e:  # artifacts must not turn a finished run into a failure
                     print(f"[falcon_lab] warning: could not log artifacts: {e}")
             logger.finalize(status)
+            if status in ("failed", "killed") and before is not None and ckpt_step is not None and \
+                    int(trainer.global_step) <= ckpt_step:
+                _restore_run(logger, before)
     best = best_cb.best_model_score
     vals = history.history.get("val/loss", [])
     result = {
@@ -171,6 +270,33 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
         "history": history.history,
     }
     return result
+
+
+def _run_snapshot(logger):
+    try:
+        r = logger.experiment.get_run(logger._run_id)
+        return {"status": r.info.status, "end_time": r.info.end_time, "tags": dict(r.data.tags)}
+    except Exception:  # unreadable store: nothing to restore later
+        return None
+
+
+def _restore_run(logger, before) -> None:
+    """Put a resumed run back as it was (status, end time, tags) after a resume that trained nothing."""
+    client, rid = logger.experiment, logger.run_id
+    try:
+        now = dict(client.get_run(rid).data.tags)
+        for k in now:
+            if k not in before["tags"]:
+                client.delete_tag(rid, k)
+        for k, v in before["tags"].items():
+            if now.get(k) != v:
+                client.set_tag(rid, k, v)
+        if before["status"] in ("FINISHED", "FAILED", "KILLED"):
+            client.set_terminated(rid, before["status"], end_time=before["end_time"])
+        print(f"[falcon_lab] the resume failed before training a step: MLflow run {rid} left as it was "
+              f"({before['status']})")
+    except Exception as e:
+        print(f"[falcon_lab] warning: could not restore MLflow run {rid} after the failed resume: {e}")
 
 
 def _flat_params(cfg) -> dict:

@@ -6,6 +6,10 @@ from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
+from falcon_lab.training.validate import register_resolvers
+
+register_resolvers()  # ${falcon_dirname:...} in train.yaml's hydra run/sweep dirs
+
 CONFIG_MODULE = "falcon_lab.configs"
 CONFIG_NAME = "train"
 

@@ -126,16 +126,167 @@ def default_run_name(tags: dict) -> str:
     return "-".join(p for p in parts if p)
 
 
+def _is_transient(exc: BaseException) -> bool:
+    """A store that is locked (SQLite `database is locked`) or momentarily unavailable: worth retrying."""
+    import sqlite3
+
+    seen = set()
+    e = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        msg = str(e).lower()
+        if "database is locked" in msg or "database table is locked" in msg or "temporarily_unavailable" in msg:
+            return True
+        if isinstance(e, sqlite3.OperationalError) and "locked" in msg:
+            return True
+        try:
+            from sqlalchemy.exc import OperationalError as SAOperationalError
+
+            if isinstance(e, SAOperationalError) and "locked" in msg:
+                return True
+        except ImportError:  # pragma: no cover
+            pass
+        try:
+            from mlflow.exceptions import MlflowException
+
+            if isinstance(e, MlflowException) and getattr(e, "error_code", "") == "TEMPORARILY_UNAVAILABLE":
+                return True
+        except ImportError:  # pragma: no cover
+            pass
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _retry(fn, budget_s: float, what: str = ""):
+    """fn() until it succeeds, retrying transient store errors with exponential backoff (0.25 s, 0.5 s, ... at
+    most 5 s) for at most `budget_s` seconds in all (an attempt that is under way when the budget runs out
+    finishes; SQLite itself waits up to its busy timeout inside each attempt). The last transient error is raised."""
+    import time
+
+    t0, delay = time.monotonic(), 0.25
+    while True:
+        try:
+            return fn()
+        except Exception as e:
+            if not _is_transient(e):
+                raise
+            left = budget_s - (time.monotonic() - t0)
+            if left <= 0:
+                raise
+            time.sleep(min(delay, left))
+            delay = min(2 * delay, 5.0)
+
+
+def _retrying_logger_cls():
+    from lightning.pytorch.loggers import MLFlowLogger
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    class RetryingMLFlowLogger(MLFlowLogger):
+        """MLFlowLogger whose metric logging survives a store that is locked or unreachable for a while.
+
+        log_metrics retries for `retry_s` seconds (backoff); if the store still does not answer, the metrics
+        stay in memory, one warning is issued, and training goes on. Buffered metrics (with their original
+        steps and timestamps) are written at the next call once the store answers (a new attempt at most every
+        `retry_s` seconds, so a dead store does not stall every step), and at the latest by finalize, which
+        also retries ending the run. `killed` (set on Ctrl-C) makes finalize end the run KILLED."""
+
+        def __init__(self, *args, retry_s: float = 30.0, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.retry_s = float(retry_s)
+            self.killed = False
+            self._pending: list = []
+            self._next_try = 0.0  # monotonic time of the next attempt while the store is unavailable
+            self._warned = False
+
+        @property
+        def pending_metrics(self) -> int:
+            return len(self._pending)
+
+        @rank_zero_only
+        def log_metrics(self, metrics, step=None) -> None:
+            import re
+            import time
+
+            from lightning.fabric.utilities.logger import _add_prefix
+            from mlflow.entities import Metric
+
+            metrics = _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
+            ts = int(time.time() * 1000)
+            for k, v in metrics.items():
+                if isinstance(v, str):
+                    continue
+                k = re.sub("[^a-zA-Z0-9_/. -]+", "", k)
+                self._pending.append(Metric(key=k, value=float(v), timestamp=ts, step=step or 0))
+            if self._next_try and time.monotonic() < self._next_try:
+                return  # the store was unavailable moments ago: keep buffering, try again later
+            self._flush(self.retry_s if not self._next_try else 0.0)
+
+        def _flush(self, budget_s: float) -> bool:
+            """Write the buffered metrics; False (and keep them) when the store stays unavailable."""
+            import time
+            import warnings
+
+            if not self._pending:
+                return True
+            client, run_id = self.experiment, self.run_id
+            try:
+                while self._pending:
+                    chunk = self._pending[:1000]  # MLflow's per-call limit
+
+                    def write(chunk=chunk):
+                        client.log_batch(run_id=run_id, metrics=chunk, **self._log_batch_kwargs)
+
+                    _retry(write, budget_s)
+                    del self._pending[:len(chunk)]
+            except Exception as e:
+                if not _is_transient(e):
+                    raise
+                self._next_try = time.monotonic() + max(self.retry_s, 1.0)
+                if not self._warned:
+                    self._warned = True
+                    warnings.warn(f"MLflow store unavailable ({str(e).splitlines()[0][:160]}); metrics are kept in "
+                                  f"memory and written when it answers again (run {run_id}); training goes on",
+                                  UserWarning, stacklevel=2)
+                return False
+            if self._next_try:
+                print(f"[falcon_lab] MLflow store answers again: buffered metrics written to run {run_id}")
+            self._next_try = 0.0
+            return True
+
+        @rank_zero_only
+        def finalize(self, status: str = "success") -> None:
+            if not self._initialized:
+                return
+            names = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+            status = names.get(status, status)
+            if self.killed:
+                status = "KILLED"
+            if not self._flush(self.retry_s):
+                print(f"[falcon_lab] warning: MLflow store still unavailable after {self.retry_s:.0f} s; "
+                      f"{len(self._pending)} metric values of run {self.run_id} could not be written")
+                self._pending.clear()
+            if self._checkpoint_callback:
+                self._scan_and_log_checkpoints(self._checkpoint_callback)
+            try:
+                _retry(lambda: self.experiment.set_terminated(self.run_id, status), self.retry_s)
+            except Exception as e:
+                if not _is_transient(e):
+                    raise
+                print(f"[falcon_lab] warning: could not mark MLflow run {self.run_id} {status}: "
+                      f"{str(e).splitlines()[0][:160]}")
+
+    return RetryingMLFlowLogger
+
+
 def build_logger(cfg):
-    """Lightning's MLFlowLogger on the resolved store, or None when logger.name == none.
-    Resuming from a checkpoint continues the checkpoint's MLflow run (same store)."""
+    """A RetryingMLFlowLogger (Lightning's MLFlowLogger that survives a locked store for logger.retry_s seconds,
+    then buffers metrics) on the resolved store, or None when logger.name == none. Resuming from a checkpoint
+    continues the checkpoint's MLflow run (same store)."""
     if cfg.logger.get("name", "mlflow") in (None, "none", False):
         return None
-    from lightning.pytorch.loggers import MLFlowLogger
-
     uri = resolve_tracking_uri(cfg.logger)
     tags = run_tags(cfg)
-    return MLFlowLogger(
+    return _retrying_logger_cls()(
         experiment_name=str(cfg.logger.experiment_name),
         run_name=cfg.logger.get("run_name") or tags.get("mlflow.runName") or default_run_name(tags),
         tracking_uri=uri,
@@ -143,4 +294,5 @@ def build_logger(cfg):
         artifact_location=resolve_artifact_location(uri, cfg.logger),
         run_id=resume_run_id(cfg),
         log_model=False,
+        retry_s=float(cfg.logger.get("retry_s", 30) or 0),
     )

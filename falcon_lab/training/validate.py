@@ -61,6 +61,24 @@ def load_checkpoint_safely(path, key: str, map_location="cpu", mmap: bool = Fals
     return ck
 
 
+def check_experiment_name(name) -> str:
+    """logger.experiment_name names the run folder (outputs/<experiment_name>/...): a plain name only, so that
+    no run writes outside the outputs folder (`../../elsewhere/x` would)."""
+    s = "" if name is None else str(name)
+    bad = [c for c in ("/", "\\", os.sep, os.altsep or "/", "\0") if c in s]
+    if not s.strip() or bad or s.strip() in (".", "..") or s.startswith("~"):
+        raise ConfigError(f"logger.experiment_name: {s!r} is not a plain name (no '/', '\\', '..' or '~'): it "
+                          "names the run folder outputs/<experiment_name>/..., which must stay inside outputs/")
+    return s
+
+
+def register_resolvers() -> None:
+    """${falcon_dirname:NAME} (Hydra's run/sweep dir in train.yaml): NAME checked by check_experiment_name, so
+    that Hydra itself refuses to create a folder outside outputs/ before the run starts."""
+    if not OmegaConf.has_resolver("falcon_dirname"):
+        OmegaConf.register_new_resolver("falcon_dirname", check_experiment_name)
+
+
 def _falcon_defaults() -> dict:
     from importlib import resources
 
@@ -96,6 +114,11 @@ def validate_config(cfg: DictConfig) -> None:
     from falcon_lab.models.mixers.registry import get_mixer_cls, mixer_knobs
 
     OmegaConf.set_struct(cfg, True)
+    if cfg.get("logger") is not None:
+        check_experiment_name(cfg.logger.get("experiment_name"))
+        retry = _number(cfg.logger.get("retry_s", 30) or 0, "logger.retry_s")
+        if not (math.isfinite(retry) and retry >= 0):
+            raise ConfigError(f"logger.retry_s: must be a finite number of seconds >= 0, got {cfg.logger.retry_s!r}")
     for key in ("model.d_model", "model.n_layers", "model.n_heads", "model.head_dim", "data.seq_len",
                 "data.batch_size", "trainer.max_steps"):
         _pos_int(cfg, key)
