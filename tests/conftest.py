@@ -16,3 +16,27 @@ torch.set_num_threads(1)
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="session")
+def _migrated_store(tmp_path_factory):
+    """One migrated SQLite MLflow store (migrations take seconds); the `store` fixture copies it."""
+    import mlflow
+
+    d = tmp_path_factory.mktemp("mlstore")
+    mlflow.MlflowClient(f"sqlite:///{d / 'mlflow.db'}").search_experiments()
+    return d / "mlflow.db"
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch, _migrated_store):
+    """A fresh MLflow store for one test: MLFLOW_TRACKING_URI points at it and the test runs in tmp_path."""
+    import shutil
+
+    db = tmp_path / "mlruns" / "mlflow.db"
+    db.parent.mkdir()
+    shutil.copy(_migrated_store, db)
+    uri = f"sqlite:///{db}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    return uri

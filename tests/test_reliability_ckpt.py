@@ -1,7 +1,6 @@
 """Issue 16: a checkpoint cannot run code (fit, evaluate, generate load with weights_only=True); a file that
 is not a checkpoint is refused naming the key; every MLflow run gets its own name, whatever the seed."""
 import pickle
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,22 +46,6 @@ def _text(tmp_path) -> Path:
     return p
 
 
-@pytest.fixture(scope="module")
-def _migrated_store(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mlstore")
-    mlflow.MlflowClient(f"sqlite:///{d / 'mlflow.db'}").search_experiments()
-    return d / "mlflow.db"
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch, _migrated_store):
-    db = tmp_path / "mlruns" / "mlflow.db"
-    db.parent.mkdir()
-    shutil.copy(_migrated_store, db)
-    uri = f"sqlite:///{db}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.chdir(tmp_path)
-    return uri
 
 
 @pytest.mark.parametrize("kind", ["torch", "pickle"])

@@ -1,7 +1,6 @@
 """Issue 16 (second part): a locked MLflow store does not end a run; a failed resume leaves the finished run it came
 from untouched; runs cannot write outside their folders; bad generate/evaluate values are refused up front;
 Ctrl-C saves last.ckpt and marks the run KILLED."""
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -20,22 +19,6 @@ SMALL = ["debug=smoke", "trainer.max_steps=2", "trainer.val_check_interval=2", "
          "data.seq_len=16", "data.batch_size=2", "checks.shuffle=false"]
 
 
-@pytest.fixture(scope="module")
-def _migrated_store(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mlstore")
-    mlflow.MlflowClient(f"sqlite:///{d / 'mlflow.db'}").search_experiments()
-    return d / "mlflow.db"
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch, _migrated_store):
-    db = tmp_path / "mlruns" / "mlflow.db"
-    db.parent.mkdir()
-    shutil.copy(_migrated_store, db)
-    uri = f"sqlite:///{db}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.chdir(tmp_path)
-    return uri
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,4 @@
 """In-process training: every experiment runs a few steps; exact resume; MLflow records; checkpoints load."""
-import shutil
 
 import lightning as L
 import mlflow
@@ -9,26 +8,6 @@ import torch
 from falcon_lab.training import load_checkpoint, run
 from falcon_lab.training.config import compose
 from train_helpers import arms, experiments, small_overrides
-
-
-@pytest.fixture(scope="session")
-def _migrated_store(tmp_path_factory):
-    """One migrated SQLite MLflow store (migrations take seconds); tests copy it."""
-    d = tmp_path_factory.mktemp("mlstore")
-    uri = f"sqlite:///{d / 'mlflow.db'}"
-    mlflow.MlflowClient(uri).search_experiments()
-    return d / "mlflow.db"
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch, _migrated_store):
-    db = tmp_path / "mlruns" / "mlflow.db"
-    db.parent.mkdir()
-    shutil.copy(_migrated_store, db)
-    uri = f"sqlite:///{db}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.chdir(tmp_path)
-    return uri
 
 
 @pytest.mark.parametrize("exp", experiments())
