@@ -159,3 +159,21 @@ def test_sigkill_during_save_with_tmpdir_on_another_filesystem(tmp_path):
     assert last.stat().st_size > 0, "last.ckpt is empty after the kill"
     state = torch.load(last, map_location="cpu", weights_only=False)  # complete: the old or the new one
     assert state["global_step"] == 2 and state["pad"].numel() == 48 * 2**20
+
+
+def test_orphan_temp_files_of_dead_writers_are_removed(tmp_path):
+    """A writer killed mid-save leaves `.<name>.<pid>.<hex>.tmp` beside the intact checkpoint; the next
+    save of that checkpoint removes the temp files of writers that are gone, and only those."""
+    from falcon_lab.training.checkpoint_io import atomic_torch_save
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()  # a pid that has exited
+    path = tmp_path / "last.ckpt"
+    orphan = tmp_path / f".last.ckpt.{dead}.0badc0de.tmp"
+    live = tmp_path / f".last.ckpt.{os.getppid()}.00000001.tmp"  # a writer still running: kept
+    other = tmp_path / f".best.ckpt.{dead}.0badc0de.tmp"  # another checkpoint's temp file: not ours to remove
+    for f in (orphan, live, other):
+        f.write_bytes(b"partial")
+    atomic_torch_save({"x": torch.ones(2)}, path)
+    assert not orphan.exists() and live.exists() and other.exists()
+    assert torch.load(path, weights_only=True)["x"].sum() == 2

@@ -64,3 +64,25 @@ def test_bad_cu_seqlens(x):
         chunk_falcon(q1, k1, v1, b1, l1, variant="1", cu_seqlens=torch.tensor([0, 5, 7]))
     with pytest.raises(ValueError, match="cu_seqlens: must be a 1-D integer"):
         chunk_falcon(q1, k1, v1, b1, l1, variant="1", cu_seqlens=torch.tensor([0.0, 8.0]))
+
+
+def test_check_finite_refuses_non_finite_inputs_naming_them():
+    """The chunked form is not causal under NaN/Inf (masked future terms are multiplied by zero): the
+    checked mode refuses them, naming the argument and the first position; without it, the NaN reaches
+    an earlier output of its chunk, which is the documented behaviour the mode exists for."""
+    import torch.nn.functional as F
+
+    from falcon_lab.kernels import chunk_falcon
+
+    torch.manual_seed(0)
+    q = F.normalize(torch.randn(1, 16, 1, 8), dim=-1)
+    k = F.normalize(torch.randn(1, 16, 1, 8), dim=-1)
+    v, beta, lam = torch.randn(1, 16, 1, 8), torch.rand(1, 16, 1), 0.1 * torch.rand(1, 16, 1)
+    k[0, 10, 0, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"^k: holds non-finite values \(first at index \[0, 10, 0, 3\]\)"):
+        chunk_falcon(q, k, v, beta, lam, variant="1A", chunk_size=16, check_finite=True)
+    o, _ = chunk_falcon(q, k, v, beta, lam, variant="1A", chunk_size=16)
+    assert not torch.isfinite(o[0, :10]).all()  # what check_finite guards against
+    ok = k.clone()
+    ok[0, 10, 0, 3] = 0.0
+    chunk_falcon(q, ok, v, beta, lam, variant="1A", chunk_size=16, check_finite=True)  # finite: accepted

@@ -174,15 +174,34 @@ def chunk_falcon(
     cu_seqlens: Optional[torch.Tensor] = None,
     chunk_size: int = 64,
     backend: Optional[str] = None,
+    check_finite: bool = False,
 ) -> Tuple[torch.Tensor, Optional[FalconState]]:
     """Chunk-parallel Falcon scan. Shapes follow fla: q, k [B, T, H, K] (normalised features
     φ(q), φ(k); k is *not* pre-shifted), v [B, T, H, V], beta [B, T, H] ([B, T, H, V] for variants
     2 and 2A), lam [B, T, H]. Returns o [B, T, H, V] in the input dtype and, when asked, the
-    FalconState that continues the scan exactly. See README "Operators" for every knob."""
+    FalconState that continues the scan exactly. See README "Operators" for every knob.
+
+    check_finite: refuse non-finite inputs with an error naming the argument and the first position.
+    The chunked form multiplies masked (future) terms by zero inside a chunk, so a NaN/Inf at position t
+    also reaches the outputs of earlier positions of its chunk (the recurrent forms stay causal); this
+    mode keeps such values out instead (ours; one host sync per input, so off by default)."""
+    if check_finite:
+        _check_finite(q=q, k=k, v=v, beta=beta, lam=lam,
+                      initial_state=initial_state.S if initial_state is not None else None)
     return _falcon(q, k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
                    shift=shift, read=read, eps=eps, eps_gamma=eps_gamma, initial_state=initial_state,
                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                    chunk_size=chunk_size, backend=backend, mode="chunk")
+
+
+def _check_finite(**tensors) -> None:
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            bad = ~torch.isfinite(t)
+            if bool(bad.any()):
+                first = [int(i) for i in bad.nonzero()[0]]
+                raise _err(name, f"holds non-finite values (first at index {first}); the chunked form would "
+                                 "spread them to earlier positions of the chunk (check_finite=True refuses them)")
 
 
 def naive_recurrent_falcon(

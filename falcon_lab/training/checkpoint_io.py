@@ -72,6 +72,38 @@ def atomic_torch_save(obj: Any, path) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(folder)
+    remove_orphans(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists but not ours (EPERM): alive
+        return True
+    return True
+
+
+def remove_orphans(path) -> list[str]:
+    """Delete the temp files of earlier writes of `path` whose writer process is gone (a SIGKILL during a
+    save leaves `.<name>.<pid>.<hex>.tmp`; the checkpoint itself is intact). Returns what was removed."""
+    folder, base = os.path.split(os.path.abspath(_local_path(path)))
+    removed = []
+    prefix = f".{base}."
+    for name in os.listdir(folder):
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        parts = name[len(prefix):-len(".tmp")].split(".")
+        if len(parts) != 2 or not parts[0].isdigit():
+            continue
+        pid = int(parts[0])
+        if pid == os.getpid() or _alive(pid):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, name))
+            removed.append(name)
+    return removed
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
