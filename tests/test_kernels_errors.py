@@ -86,3 +86,38 @@ def test_check_finite_refuses_non_finite_inputs_naming_them():
     ok = k.clone()
     ok[0, 10, 0, 3] = 0.0
     chunk_falcon(q, ok, v, beta, lam, variant="1A", chunk_size=16, check_finite=True)  # finite: accepted
+
+
+def test_malformed_states_are_refused_naming_what_is_wrong():
+    """A FalconState that cannot continue the call exactly is refused up front (it used to be accepted
+    and give wrong results or raw torch errors): a window tail missing after tokens were seen (a fresh
+    state, seen = 0, may leave it out: it is zeros) or mis-shaped, float `seen`, wrong shapes."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from falcon_lab.kernels import chunk_falcon
+
+    torch.manual_seed(0)
+    q = F.normalize(torch.randn(2, 12, 2, 8), dim=-1)
+    k = F.normalize(torch.randn(2, 12, 2, 8), dim=-1)
+    v, beta, lam = torch.randn(2, 12, 2, 8), torch.rand(2, 12, 2), 0.1 * torch.rand(2, 12, 2)
+    _, st = chunk_falcon(q, k, v, beta, lam, variant="3A", window=4, output_final_state=True)
+    chunk_falcon(q, k, v, beta, lam, variant="3A", window=4, initial_state=st)  # the real one continues
+    bad = {
+        "tail_x is missing, but tokens were seen": dataclasses.replace(st, tail_x=None),
+        "tail_v shape": dataclasses.replace(st, tail_v=st.tail_v[:, :2]),
+        "seen must be an integer tensor": dataclasses.replace(st, seen=st.seen.float()),
+        "last_k shape": dataclasses.replace(st, last_k=st.last_k[:, :1]),
+    }
+    for msg, s in bad.items():
+        with pytest.raises(ValueError, match=rf"^initial_state: incompatible with this call: .*{msg}"):
+            chunk_falcon(q, k, v, beta, lam, variant="3A", window=4, initial_state=s)
+    with pytest.raises(ValueError, match=r"^initial_state: seen must be >= 0"):
+        chunk_falcon(q, k, v, beta, lam, variant="3A", window=4, check_finite=True,
+                     initial_state=dataclasses.replace(st, seen=st.seen - 100))
+    for name, t in (("beta", -beta), ("lam", -lam)):
+        args = dict(beta=beta, lam=lam)
+        args[name] = t
+        with pytest.raises(ValueError, match=rf"^{name}: must be >= 0"):
+            chunk_falcon(q, k, v, args["beta"], args["lam"], variant="1A", check_finite=True)

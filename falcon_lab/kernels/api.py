@@ -94,8 +94,35 @@ def _check(q, k, v, beta, lam, variant, window, step, lam_mode, shift, read, eps
             mism.append(f"read {st.read!r} != {read!r}")
         if tuple(st.S.shape) != (n_seq, H, K, V):
             mism.append(f"S shape {tuple(st.S.shape)} != {(n_seq, H, K, V)}")
+        mism += _state_structure(st, n_seq, H, K, V, W, q)
         if mism:
             raise _err("initial_state", "incompatible with this call: " + "; ".join(mism))
+
+
+def _state_structure(st, N, H, K, V, W, q) -> list:
+    """What a FalconState must hold to continue this call exactly (shapes, dtypes, device)."""
+    out = []
+    for name, t, shape in (("last_k", st.last_k, (N, H, K)), ("seen", st.seen, (N,))):
+        if not isinstance(t, torch.Tensor):
+            out.append(f"{name} must be a tensor, got {type(t).__name__}")
+        elif tuple(t.shape) != shape:
+            out.append(f"{name} shape {tuple(t.shape)} != {shape}")
+    if isinstance(st.seen, torch.Tensor) and (st.seen.is_floating_point() or st.seen.dtype == torch.bool):
+        out.append(f"seen must be an integer tensor (tokens consumed), got {st.seen.dtype}")
+    if W > 1:
+        for name, t, d in (("tail_x", st.tail_x, K), ("tail_v", st.tail_v, V)):
+            if t is None:  # allowed for a fresh start (no pairs yet: the tail is zeros); one host sync here
+                if isinstance(st.seen, torch.Tensor) and bool((st.seen > 0).any()):
+                    out.append(f"{name} is missing, but tokens were seen (window {W} needs the last {W - 1} pairs)")
+            elif tuple(t.shape) != (N, W - 1, H, d):
+                out.append(f"{name} shape {tuple(t.shape)} != {(N, W - 1, H, d)}")
+    for name, t in (("S", st.S), ("last_k", st.last_k), ("seen", st.seen), ("tail_x", st.tail_x),
+                    ("tail_v", st.tail_v)):
+        if isinstance(t, torch.Tensor) and t.device != q.device:
+            out.append(f"{name} is on {t.device}, the inputs on {q.device}")
+    if isinstance(st.S, torch.Tensor) and not st.S.is_floating_point():
+        out.append(f"S must be floating point, got {st.S.dtype}")
+    return out
 
 
 def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read, eps, eps_gamma,
@@ -181,13 +208,20 @@ def chunk_falcon(
     2 and 2A), lam [B, T, H]. Returns o [B, T, H, V] in the input dtype and, when asked, the
     FalconState that continues the scan exactly. See README "Operators" for every knob.
 
-    check_finite: refuse non-finite inputs with an error naming the argument and the first position.
+    check_finite: refuse non-finite inputs (and negative beta / lam / seen) with an error naming the
+    argument and the first position.
     The chunked form multiplies masked (future) terms by zero inside a chunk, so a NaN/Inf at position t
     also reaches the outputs of earlier positions of its chunk (the recurrent forms stay causal); this
     mode keeps such values out instead (ours; one host sync per input, so off by default)."""
     if check_finite:
         _check_finite(q=q, k=k, v=v, beta=beta, lam=lam,
                       initial_state=initial_state.S if initial_state is not None else None)
+        for name, t in (("beta", beta), ("lam", lam)):
+            if bool((t < 0).any()):
+                raise _err(name, f"must be >= 0 (min {float(t.min()):.3g}); a negative step or forgetting rate "
+                                 "makes the state grow without bound (check_finite=True refuses it)")
+        if initial_state is not None and bool((initial_state.seen < 0).any()):
+            raise _err("initial_state", "seen must be >= 0 (tokens consumed)")
     return _falcon(q, k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
                    shift=shift, read=read, eps=eps, eps_gamma=eps_gamma, initial_state=initial_state,
                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
