@@ -121,3 +121,6 @@ def test_malformed_states_are_refused_naming_what_is_wrong():
         args[name] = t
         with pytest.raises(ValueError, match=rf"^{name}: must be >= 0"):
             chunk_falcon(q, k, v, args["beta"], args["lam"], variant="1A", check_finite=True)
+    with pytest.raises(ValueError, match=r"^beta: must be < 2 with step='nlms'"):
+        chunk_falcon(q, k, v, beta + 2, lam, variant="1A", step="nlms", check_finite=True)
+    chunk_falcon(q, k, v, beta + 2, lam, variant="1A", step="direct", check_finite=True)  # a direct step: no such bound

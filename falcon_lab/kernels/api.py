@@ -208,8 +208,8 @@ def chunk_falcon(
     2 and 2A), lam [B, T, H]. Returns o [B, T, H, V] in the input dtype and, when asked, the
     FalconState that continues the scan exactly. See README "Operators" for every knob.
 
-    check_finite: refuse non-finite inputs (and negative beta / lam / seen) with an error naming the
-    argument and the first position.
+    check_finite: refuse non-finite inputs, negative beta / lam / seen and an NLMS gain beta >= 2 (outside
+    its stable range) with an error naming the argument (and the first position of a non-finite value).
     The chunked form multiplies masked (future) terms by zero inside a chunk, so a NaN/Inf at position t
     also reaches the outputs of earlier positions of its chunk (the recurrent forms stay causal); this
     mode keeps such values out instead (ours; one host sync per input, so off by default)."""
@@ -220,6 +220,9 @@ def chunk_falcon(
             if bool((t < 0).any()):
                 raise _err(name, f"must be >= 0 (min {float(t.min()):.3g}); a negative step or forgetting rate "
                                  "makes the state grow without bound (check_finite=True refuses it)")
+        if step == "nlms" and bool((beta >= 2).any()):
+            raise _err("beta", f"must be < 2 with step='nlms' (max {float(beta.max()):.3g}): the NLMS gain is "
+                               "stable for 0 <= beta < 2 only (check_finite=True refuses it)")
         if initial_state is not None and bool((initial_state.seen < 0).any()):
             raise _err("initial_state", "seen must be >= 0 (tokens consumed)")
     return _falcon(q, k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,

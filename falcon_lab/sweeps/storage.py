@@ -97,6 +97,11 @@ def _open_rdb(url: str, kwargs: dict, tries: int = 5):
     for attempt in range(tries):
         try:
             return optuna.storages.RDBStorage(url, **kwargs)
+        except (ModuleNotFoundError, sqlalchemy.exc.NoSuchModuleError) as e:
+            scheme = url.split("://", 1)[0]
+            raise ValueError(f"storage: {describe(url)!r} needs a database driver for {scheme!r} that is not "
+                             f"installed ({type(e).__name__}: {e}); install it (e.g. psycopg2-binary for "
+                             "postgresql, PyMySQL for mysql+pymysql) or use sqlite:///PATH or journal:PATH") from None
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as e:
             msg = str(e)
             racing = "already exists" in msg or "UNIQUE constraint failed" in msg

@@ -67,10 +67,26 @@ def open_parent(uri: str, experiment: str, study_name: str, run_id: str | None,
         except Exception:
             pass  # the study was moved to a new MLflow store: start a fresh parent
     exp_id = ensure_experiment(uri, experiment)
+    # Several processes of one sweep can start together, each before any has recorded the parent in the
+    # study: they converge on one parent, the earliest created; a process whose own parent lost removes it.
+    existing = _study_parents(client, exp_id, study_name)
+    if existing:
+        client.update_run(existing[0], status="RUNNING")
+        return existing[0]
     tags = {"falcon_lab.sweep": "parent", "optuna.study": study_name,
             **{f"sweep.{k}": _short(v) for k, v in info.items()}}
-    run = client.create_run(exp_id, tags=tags, run_name=f"sweep-{study_name}")
-    return run.info.run_id
+    mine = client.create_run(exp_id, tags=tags, run_name=f"sweep-{study_name}").info.run_id
+    chosen = _study_parents(client, exp_id, study_name)[0]
+    if chosen != mine:
+        client.delete_run(mine)
+    return chosen
+
+
+def _study_parents(client, exp_id: str, study_name: str) -> list[str]:
+    """Active parent runs of a study, earliest first (ties broken by run id, the same order everywhere)."""
+    runs = client.search_runs([exp_id], f"tags.`falcon_lab.sweep` = 'parent' and tags.`optuna.study` = '{study_name}'")
+    runs = [r for r in runs if r.info.lifecycle_stage == "active"]
+    return [r.info.run_id for r in sorted(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id))]
 
 
 def tag_child(uri: str, run_id: str | None, tags: dict[str, Any], name: str | None = None) -> None:
