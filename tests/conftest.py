@@ -1,5 +1,6 @@
 """Test-wide settings: small thread pools (CI has 2 cores), offline hubs, deterministic seeds."""
 import os
+import sys
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -10,6 +11,21 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_uri_isolated():
+    """mlflow.set_tracking_uri (Lightning's MLFlowLogger calls it) also sets $MLFLOW_TRACKING_URI for the
+    rest of the process: restore both after each test, so no test logs into another test's store."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
+    if utils is not None:
+        utils._tracking_uri = None
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 @pytest.fixture(autouse=True)

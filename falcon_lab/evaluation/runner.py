@@ -75,7 +75,6 @@ def _existing_store(uri) -> bool:
 
 class MlflowSink:
     def __init__(self, ecfg, train_cfg, ckpt_path: str):
-        import mlflow
         from mlflow.tracking import MlflowClient
 
         from falcon_lab.training.mlflow import resolve_artifact_location, resolve_tracking_uri
@@ -89,7 +88,8 @@ class MlflowSink:
         uri = m.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or \
             next((u for u in ck_uris if _existing_store(u)), None) or resolve_tracking_uri(None)
         self.uri = uri
-        mlflow.set_tracking_uri(uri)
+        # an explicit client, not mlflow.set_tracking_uri: that also sets $MLFLOW_TRACKING_URI for the rest of
+        # the process, so a later fit or sweep in it would log to the store this evaluation chose
         self.client = MlflowClient(tracking_uri=uri)
         self.created = False
         run_id = m.get("run_id")
