@@ -250,3 +250,18 @@ def test_cpu_run_defaults_to_a_cpu_sized_step(tmp_path, capsys):
     assert res["tokens_per_step"] == 2048
     assert {(r["metric"], r["batch"]) for r in res["rows"]} >= {("train_tokens_per_s", 8)}
     assert "CPU: 2048 tokens per step" in capsys.readouterr().out
+
+
+def test_profile_attribution_and_top_kernel_lines():
+    """The profile's categories by kernel name, and the log lines of the top kernels."""
+    from falcon_lab.benchmarking.profile import classify, top_kernels_lines
+
+    known = {"falcon_op": {"chunk_fwd_kernel"}, "modules": {"norm_fwd"}}
+    assert classify("chunk_fwd_kernel", known) == "falcon_op"
+    assert classify("norm_fwd", known) == "modules"
+    assert classify("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN", known) == "matmul"
+    assert classify("triton_poi_fused_add_mul_0", known) == "other"
+    prof = {"total_ms": 10.0, "top_kernels": [{"name": "a", "category": "loss", "ms": 4.0, "calls": 4},
+                                              {"name": "b", "category": "other", "ms": 1.0, "calls": 2}]}
+    lines = top_kernels_lines(prof)
+    assert len(lines) == 2 and "40.0 %" in lines[0] and "[loss] a" in lines[0] and "x2" in lines[1]

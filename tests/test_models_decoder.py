@@ -117,7 +117,7 @@ def test_preset_gate_ranges_bound_the_decay(variant, gate):
     with torch.no_grad():
         mix.gate_proj.weight.normal_(0, 0.1)
         mix.lam_proj.weight.normal_(0, 0.1)
-        beta, lam, step = mix._gates(h)
+        beta, lam, step = mix._gates(*mix._gate_logits(h))
     k = rms_normalize(torch.randn(2, 40, 2, 16, dtype=torch.float64), 1e-6)
     v = torch.randn(2, 40, 2, 16, dtype=torch.float64)
     inp = prepare(k, v, beta.double(), lam.double(), variant=variant, window=mix.window or 1, step=step,

@@ -75,3 +75,43 @@ def test_compile_and_loss_knobs_validated_at_start():
             validate_config(compose(["model=tiny", bad]))
     assert resolve_compile("auto", "cpu") is False and resolve_compile("auto", "gpu") is True
     assert resolve_compile(True, "cpu") is True and resolve_compile(False, "gpu") is False
+
+
+# ---- the Triton chunk body (falcon_lab/modules/xent.py) under the interpreter, against float64 ----
+XENT_CASES = [
+    dict(id="f32_multi_block", dtype="float32", C=7, V=1000, scale=0.5, grad=True, seed=0, edge=True),
+    dict(id="bf16_multi_block", dtype="bfloat16", C=6, V=700, scale=1.0, grad=True, seed=1, edge=True),
+    dict(id="f32_one_block_nograd", dtype="float32", C=5, V=97, scale=1.3, grad=False, seed=2),
+    dict(id="f32_large_logits", dtype="float32", C=4, V=300, scale=1.0, grad=True, seed=3, spread=60.0),
+]
+
+
+@pytest.fixture(scope="module")
+def xent_results():
+    import os
+
+    from tests.interp_helpers import run_interp_cases
+
+    # BLOCK is min(8192, next power of two of V): force several blocks per row at these small V
+    return run_interp_cases("xent_interp_cases.py", XENT_CASES, timeout=600,
+                            FALCON_XENT_BLOCK=os.environ.get("FALCON_XENT_BLOCK", "256"))
+
+
+@pytest.mark.parametrize("case", XENT_CASES, ids=[c["id"] for c in XENT_CASES])
+def test_triton_chunk_body_matches_float64(xent_results, case):
+    r = xent_results[case["id"]]
+    assert "error" not in r, r.get("error")
+    r = r["res"]
+    tol = 1e-2 if case["dtype"] == "bfloat16" else 1e-5
+    assert r["nll"] <= tol and r["ignored_zero"]
+    if case["grad"]:
+        assert r["grad"] <= tol and r["ignored_grad_zero"]
+    else:
+        assert r["untouched"]
+
+
+def test_chunked_torch_impl_equals_chunked():
+    h, w, y = _inputs()
+    a, _ = lm_nll(h, w, y, impl="chunked", chunk_tokens=64)
+    b, _ = lm_nll(h, w, y, impl="chunked_torch", chunk_tokens=64)
+    torch.testing.assert_close(a, b)

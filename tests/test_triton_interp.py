@@ -61,12 +61,13 @@ for delta in (True, False):
 
 
 COMPILE = [dict(id=f"compile-fullgraph-F{v}", compile=True, variant=v, seed=23) for v in ("1", "1A", "2A", "3A")]
+RECOMPUTE = [dict(id=f"recompute-F{v}", recompute=True, variant=v, seed=29) for v in ("1A", "2A")]
 API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21) for v in ("1", "1A", "3A", "3", "2A", "2")]
 
 
 @pytest.fixture(scope="module")
 def results():
-    return run_interp_cases("triton_interp_cases.py", CASES + DECODE + API + COMPILE, timeout=600)
+    return run_interp_cases("triton_interp_cases.py", CASES + DECODE + API + COMPILE + RECOMPUTE, timeout=600)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
@@ -121,3 +122,16 @@ def test_block_compiles_without_graph_break(results, case):
     r = results.get(case["id"])
     assert r is not None and "error" not in r, r
     assert r["res"]["max_abs_diff"] <= 1e-6, r
+
+
+@pytest.mark.parametrize("case", RECOMPUTE, ids=[c["id"] for c in RECOMPUTE])
+def test_recompute_keeps_the_core_and_changes_nothing(results, case):
+    """mixer.recompute (selective activation checkpointing of the glue): same output and gradients,
+    eager and compiled, and the Triton core's forward runs once per step (its outputs are kept)."""
+    r = results.get(case["id"])
+    assert r is not None and "error" not in r, r
+    res = r["res"]
+    assert res["plain_core_calls"] == 1 and res["recompute_core_calls"] == 1, res
+    assert res["plain_glue_calls"] == 1 and res["recompute_glue_calls"] == 2, res  # recomputed in backward
+    assert res["recompute_compiled_core_calls"] == 1, res
+    assert res["recompute_max_abs_diff"] <= 1e-6 and res["recompute_compiled_max_abs_diff"] <= 1e-6, res

@@ -98,11 +98,64 @@ def compile_case(c):
     return {"max_abs_diff": max(float((a - b).abs().max()) for a, b in zip((out, *g), (ref, *gref)))}
 
 
+def recompute_case(c):
+    """mixer.recompute=true (selective activation checkpointing of the glue): the same output and
+    parameter gradients as without it, eager and under torch.compile(fullgraph=True), and the op's Triton
+    core forward runs once per training step (kept, not recomputed) while the glue is recomputed."""
+    from falcon_lab.kernels.triton import ops
+    from falcon_lab.models import build_model
+
+    fam = {"2A": "percol", "2": "percol_delta"}.get(c["variant"], "scalar")
+    calls = {"core": 0}
+    fwd, bwd, shapes = ops._FAMILIES[fam]
+
+    def counted(*a, **k):
+        calls["core"] += 1
+        return fwd(*a, **k)
+
+    ops._FAMILIES[fam] = (counted, bwd, shapes)
+    out = {}
+    grads = {}
+    for label, rc, comp in (("plain", False, False), ("recompute", True, False), ("recompute_compiled", True, True)):
+        torch.manual_seed(c["seed"])
+        mix = dict(name="falcon", variant=c["variant"], backend="triton", module_backend="triton", chunk_size=16,
+                   recompute=rc)
+        blk = build_model(dict(d_model=32, n_layers=1, n_heads=2, head_dim=16), mix, vocab_size=64).blocks[0]
+        h = torch.randn(2, 20, 32, generator=torch.Generator().manual_seed(1))
+
+        def f(h):
+            return blk(h)[0]
+
+        if comp:
+            torch._dynamo.reset()
+            f = torch.compile(f, backend="aot_eager", fullgraph=True)
+        else:  # count the glue's runs (eager only: compiled, the recompute is inside the traced graph)
+            glue = blk.mixer._glue_and_op
+
+            def counted_glue(*a, **k):
+                calls["glue"] += 1
+                return glue(*a, **k)
+
+            blk.mixer._glue_and_op = counted_glue
+        calls["core"] = calls["glue"] = 0
+        y = f(h)
+        g = torch.autograd.grad(y.square().sum(), list(blk.parameters()))
+        out[f"{label}_core_calls"] = calls["core"]
+        if not comp:
+            out[f"{label}_glue_calls"] = calls["glue"]
+        grads[label] = (y, *g)
+    for label in ("recompute", "recompute_compiled"):
+        out[f"{label}_max_abs_diff"] = max(float((a - b).detach().abs().max()) for a, b in zip(grads[label], grads["plain"]))
+    return out
+
+
 if __name__ == "__main__":
     cases = json.loads(sys.argv[1])
     for c in cases:
         try:
-            if c.get("compile"):
+            if c.get("recompute"):
+                res = recompute_case(c)
+            elif c.get("compile"):
                 res = compile_case(c)
             elif c.get("api"):
                 from falcon_lab.benchmarking.gpu_check import check_api

@@ -435,6 +435,10 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=None
                 r = bench_train(model, device, T, tokens_per_step, steps, warmup, vocab, bf16, peak, prof)
                 if prof:
                     add(T, B, "train_profile_ms", prof["total_ms"], "ms", **prof)
+                    from falcon_lab.benchmarking.profile import top_kernels_lines
+
+                    _log(verbose, f"  profile T={T}: {prof['total_ms']:.1f} ms of CUDA kernels; the top ones:\n"
+                         + "\n".join(top_kernels_lines(prof)))
                 bk = {"backend": ",".join(model.backends_used())} if hasattr(model, "backends_used") else {}
                 add(T, B, "train_tokens_per_s", r["tokens_per_s"], "tokens/s", step_s=r["step_s"], n_timed=r["n_timed"],
                     **bk)
@@ -833,7 +837,7 @@ def add_parser(sub):
     m.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile each block (default: on for CUDA, as model.compile=auto trains; "
                         "--no-compile for eager); compiled rows are labelled <mixer>+compile")
-    m.add_argument("--loss-impl", default=None, help="LM loss: chunked | materialized (default: model.loss_impl); "
+    m.add_argument("--loss-impl", default=None, help="LM loss: chunked | chunked_torch | materialized (default: model.loss_impl); "
                                                       "a non-default value labels rows <mixer>+<impl>-loss")
     m.add_argument("--override", action="append", default=[],
                    help="a Hydra override for the platform's models (repeatable), e.g. mixer.module_backend=torch")

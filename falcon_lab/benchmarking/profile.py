@@ -14,6 +14,7 @@ import re
 import torch
 
 CATEGORIES = ("falcon_op", "modules", "matmul", "loss", "other")
+TOP_KERNELS = 25  # kernels listed per profiled step (by total CUDA time, name cut to 96 characters)
 _MATMUL = re.compile(r"gemm|cutlass|xmma|nvjet|cublas|sm90_|wgmma|splitk", re.I)
 
 
@@ -50,7 +51,8 @@ def classify(name: str, known: dict[str, set[str]]) -> str:
 
 
 def profile_step(step_fn, device) -> dict:
-    """Run step_fn() once under the profiler; {"<category>_ms": ..., "total_ms": ..., "<category>_share": ...}."""
+    """Run step_fn() once under the profiler; {"<category>_ms": ..., "total_ms": ..., "<category>_share": ...,
+    "top_kernels": [{"name", "category", "ms", "calls"}, ...]}."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -62,6 +64,7 @@ def profile_step(step_fn, device) -> dict:
             torch.cuda.synchronize()
     known = kernel_names()
     ms = dict.fromkeys(CATEGORIES, 0.0)
+    per_kernel: dict[tuple[str, str], list] = {}
     for e in prof.events():  # CPU-side events carry the kernels they launched (with device durations)
         kernels = getattr(e, "kernels", None) or []
         if not kernels or e.device_type != torch.autograd.DeviceType.CPU:
@@ -71,10 +74,23 @@ def profile_step(step_fn, device) -> dict:
             in_loss = node.name == "lm_loss"
             node = getattr(node, "cpu_parent", None)
         for k in kernels:
-            ms["loss" if in_loss else classify(k.name, known)] += float(k.duration) / 1e3
+            cat = "loss" if in_loss else classify(k.name, known)
+            ms[cat] += float(k.duration) / 1e3
+            acc = per_kernel.setdefault((k.name[:96], cat), [0.0, 0])
+            acc[0] += float(k.duration) / 1e3
+            acc[1] += 1
     total = sum(ms.values())
     out = {f"{k}_ms": v for k, v in ms.items()}
     out["total_ms"] = total
     for k, v in ms.items():
         out[f"{k}_share"] = v / total if total > 0 else None
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
+    out["top_kernels"] = [{"name": n, "category": c, "ms": round(v[0], 4), "calls": v[1]} for (n, c), v in top]
     return out
+
+
+def top_kernels_lines(prof: dict, n: int = TOP_KERNELS) -> list[str]:
+    """The step's most expensive kernels, one line each (what the bench log prints after a profile)."""
+    total = prof.get("total_ms") or 0.0
+    return [f"    {k['ms']:8.2f} ms {100 * k['ms'] / total if total else 0:5.1f} %  x{k['calls']:<4d} "
+            f"[{k['category']}] {k['name']}" for k in prof.get("top_kernels", [])[:n]]

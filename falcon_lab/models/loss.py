@@ -10,17 +10,22 @@ hinges on a different loss. Implementations (the choice is `model.loss_impl`):
   chunk's logits are formed, turned into its loss and, when a gradient is needed, at once into the
   gradients of h and W ((softmax − onehot) · scale), and dropped. Autograd keeps only dh [N, D] and
   dW [vocab, D]; the backward multiplies them by the incoming gradient. Same FLOPs as materialized
-  (three matmuls per chunk), peak memory of one chunk's logits.
+  (three matmuls per chunk), peak memory of one chunk's logits. The chunk body (logits -> NLL and
+  their gradient, in place) is `falcon_lab.modules.xent.xent_rows_`: one Triton kernel on CUDA (two
+  passes over each row in the logits' dtype), PyTorch's fp32 softmax elsewhere.
+- "chunked_torch": the same with the PyTorch chunk body on every device (to measure the kernel against).
 
-Numerics of both: matmuls in the autocast dtype (bf16 on the GPU), log-sum-exp and softmax in fp32.
-Labels equal to `ignore_index` contribute nothing.
+Numerics: matmuls in the autocast dtype (bf16 on the GPU), log-sum-exp and softmax in fp32 (in
+registers for the Triton body). Labels equal to `ignore_index` contribute nothing.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-LOSS_IMPLS = ("materialized", "chunked")
+from falcon_lab.modules.xent import xent_rows_
+
+LOSS_IMPLS = ("materialized", "chunked", "chunked_torch")
 IGNORE = -100
 
 
@@ -32,7 +37,7 @@ def _mm_dtype(h: torch.Tensor) -> torch.dtype:
 
 class _ChunkedNLL(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, labels, scale, chunk_tokens, ignore_index, dtype):
+    def forward(ctx, h, weight, labels, scale, chunk_tokens, ignore_index, dtype, backend):
         N = h.shape[0]
         need = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         w = weight.to(dtype)
@@ -41,21 +46,14 @@ class _ChunkedNLL(torch.autograd.Function):
         dw = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if ctx.needs_input_grad[1] else None
         for s in range(0, N, chunk_tokens):
             hc = h[s:s + chunk_tokens].to(dtype)
-            yc = labels[s:s + chunk_tokens]
-            z = (hc @ w.t()).float() * scale
-            keep = yc != ignore_index
-            yk = torch.where(keep, yc, torch.zeros_like(yc))
-            lse = torch.logsumexp(z, dim=-1)
-            zy = z.gather(1, yk[:, None])[:, 0]
-            total += torch.where(keep, lse - zy, torch.zeros_like(lse)).sum()
+            z = hc @ w.t()  # [C, vocab] in the matmul dtype; becomes its own gradient below
+            total += xent_rows_(z, labels[s:s + chunk_tokens], scale, ignore_index, grad=need,
+                                backend=backend).sum()
             if need:
-                gz = torch.softmax(z, dim=-1)  # d(lse - z_y)/dz = softmax - onehot(y)
-                gz.scatter_add_(1, yk[:, None], -torch.ones_like(zy)[:, None])
-                gz = (gz * (keep.to(gz.dtype) * scale)[:, None]).to(dtype)
                 if dh is not None:
-                    dh[s:s + chunk_tokens] = (gz @ w).to(h.dtype)
+                    dh[s:s + chunk_tokens] = (z @ w).to(h.dtype)
                 if dw is not None:
-                    dw += (gz.t() @ hc).float()
+                    dw += (z.t() @ hc).float()
         ctx.save_for_backward(*(t for t in (dh, dw) if t is not None))
         ctx.has = (dh is not None, dw is not None)
         ctx.w_dtype = weight.dtype
@@ -68,7 +66,7 @@ class _ChunkedNLL(torch.autograd.Function):
         dw = next(it) if ctx.has[1] else None
         dh = dh * g.to(dh.dtype) if dh is not None else None
         dw = (dw * g).to(ctx.w_dtype) if dw is not None else None
-        return dh, dw, None, None, None, None, None
+        return dh, dw, None, None, None, None, None, None
 
 
 def lm_nll(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, impl: str = "chunked",
@@ -87,4 +85,4 @@ def lm_nll(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, impl:
             logits = F.linear(h2, weight) * scale
             return F.cross_entropy(logits.float(), y, ignore_index=ignore_index, reduction="sum"), n
         return _ChunkedNLL.apply(h2, weight, y, float(scale), int(chunk_tokens), int(ignore_index),
-                                 _mm_dtype(h2)), n
+                                 _mm_dtype(h2), "torch" if impl == "chunked_torch" else None), n

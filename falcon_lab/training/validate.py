@@ -149,7 +149,7 @@ def validate_config(cfg: DictConfig) -> None:
         if k != "name" and k not in knobs:
             raise ConfigError(f"mixer.{k}: not a knob of mixer {name!r} (knobs: {sorted(knobs)})")
     if name == "falcon":
-        from falcon_lab.models.mixers.falcon import LAM_MODES, READS, resolve_falcon_knobs
+        from falcon_lab.models.mixers.falcon import LAM_MODES, READS, check_recompute, resolve_falcon_knobs
 
         try:
             resolve_falcon_knobs(mixer.get("variant", "1A"), mixer.get("preset"), mixer.get("qk_norm"),
@@ -170,6 +170,10 @@ def validate_config(cfg: DictConfig) -> None:
         _check_applicability(mixer)
         if mixer.get("module_backend") not in (None, "torch", "triton"):
             raise ConfigError(f"mixer.module_backend: {mixer.get('module_backend')!r} is not one of null, torch, triton")
+        try:
+            check_recompute(mixer.get("recompute", "auto"))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if _number(mixer.get("chunk_size", 64), "mixer.chunk_size", int) < 1:
             raise ConfigError(f"mixer.chunk_size: must be >= 1, got {mixer.get('chunk_size')}")
     # ---- data

@@ -13,15 +13,25 @@ Everything the paper leaves open is ours (falcon-math.md §3, docs/training.md "
 - per-head output RMSNorm (learnable gain) and an output gate SiLU(W_g h) (the paper's 130M vs 124M
   parameter gap suggests one extra d×d matrix per layer).
 
+Memory (ours, `recompute`): in training, the glue between the projections and the op's Triton core
+(short conv + SiLU, QK norm, gate nonlinearities, the op's prep) runs under selective activation
+checkpointing: autograd keeps the projections' outputs and the core's outputs (o, chunk states), and
+the glue is recomputed in backward to feed the core's backward (torch.utils.checkpoint with a policy
+that saves the core `falcon_lab::chunk_core_fwd` and recomputes the rest). Same values and gradients;
+`auto` turns it on for CUDA inputs (off on CPU, where the op's PyTorch form would be recomputed too).
+
 Gate ranges (ours) keep the decay clamp inactive in the presets: without a learnable QK gain,
 ||x||² ≤ d_k (rmsnorm) or ≤ 1 (l2), so with scaled λ, lam_scale ≤ 1 and eta_max ≤ 1,
 α = ηλ ≤ σ_η·λ̄ < 1 for ctx_eta; for ctx_beta, α = β λ̄/(1+λ̄) < 1 when beta_max ≤ 2 (§3.4).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from falcon_lab.kernels import FalconSpec, chunk_falcon, fused_recurrent_falcon
 from falcon_lab.models.mixers.base import (
@@ -46,6 +56,7 @@ GATES = ("ctx_beta", "ctx_eta")
 LAMS = ("ctx", "const", "off")
 LAM_MODES = ("scaled", "absolute")
 READS = ("after", "before")
+RECOMPUTE = ("auto", True, False)
 DEFAULT_WINDOW = 4  # ours: the paper's "e.g., B = 4"
 
 
@@ -106,6 +117,28 @@ def operator_flops_per_token_head(variant: str, dk: int, dv: int, chunk: int, wi
     raise ValueError(variant)
 
 
+_CORE_OP = "falcon_lab::chunk_core_fwd"  # kernels/triton/ops.py (registered only where triton imports)
+
+
+def _keep_core(ctx, op, *args, **kwargs):
+    """Selective checkpointing policy: keep what the op's Triton core computed, recompute the glue."""
+    if getattr(op, "name", None) is not None and op.name() == _CORE_OP:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_KEEP_CORE = functools.partial(create_selective_checkpoint_contexts, _keep_core)
+
+
+def check_recompute(value):
+    """mixer.recompute: auto | true | false (the strings Hydra may pass included)."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        value = value.lower() == "true"
+    if value not in RECOMPUTE or (isinstance(value, int) and not isinstance(value, bool) and value not in (0, 1)):
+        raise ValueError(f"mixer.recompute: {value!r} is not one of auto, true, false")
+    return value
+
+
 @register_mixer("falcon")
 class FalconMixer(Mixer):
     def __init__(
@@ -138,8 +171,10 @@ class FalconMixer(Mixer):
         backend: str | None = None,
         chunk_size: int = 64,
         module_backend: str | None = None,
+        recompute: str | bool = "auto",
     ):
         super().__init__()
+        self.recompute = check_recompute(recompute)
         self.qk_norm, self.gate, self.lam, self.window = resolve_falcon_knobs(
             variant, preset, qk_norm, gate, lam, window)
         if lam_mode not in LAM_MODES:
@@ -183,21 +218,30 @@ class FalconMixer(Mixer):
         self.backend_used = "unset"
 
     # -- gates ---------------------------------------------------------------------------------
-    def _gates(self, h):
-        B, T, _ = h.shape
-        z = self.gate_proj(h).float()
+    def _gate_logits(self, h):
+        """The gate heads' linear parts (kept outside the recomputed glue): the step and λ heads in one
+        matrix product (their weights stacked; same parameters and values as two Linear calls)."""
+        if self.lam_proj is None:
+            return self.gate_proj(h), None
+        z = F.linear(h, torch.cat([self.gate_proj.weight, self.lam_proj.weight]),
+                     torch.cat([self.gate_proj.bias, self.lam_proj.bias]))
+        return z.split([self.gate_proj.out_features, self.lam_proj.out_features], dim=-1)
+
+    def _gates(self, zg, zl):
+        B, T = zg.shape[:2]
+        z = zg.float()
         z = z.view(B, T, self.H, self.dv) if self.per_column else z.view(B, T, self.H)
         if self.gate == "ctx_beta":
             beta, step = self.beta_max * torch.sigmoid(z), "nlms"
         else:
             beta, step = (self.eta_max / self.e_nom) * torch.sigmoid(z), "direct"
         if self.lam == "ctx":
-            zl = self.lam_proj(h).float()
+            zl = zl.float()
             lam = self.lam_scale * torch.sigmoid(zl) if self.lam_mode == "scaled" else F.softplus(zl)
         elif self.lam == "const":
-            lam = torch.full((B, T, self.H), self.lam_value, device=h.device, dtype=torch.float32)
+            lam = torch.full((B, T, self.H), self.lam_value, device=zg.device, dtype=torch.float32)
         else:
-            lam = torch.zeros(B, T, self.H, device=h.device, dtype=torch.float32)
+            lam = torch.zeros(B, T, self.H, device=zg.device, dtype=torch.float32)
         return beta, lam, step
 
     def _norm(self, u, which):
@@ -207,15 +251,49 @@ class FalconMixer(Mixer):
     def init_state(self, batch_size, device=None, max_len=None):
         return {"conv": None, "op": None}
 
+    def _recomputes(self, x, state, return_state, decode) -> bool:
+        if not (self.training and torch.is_grad_enabled()) or state is not None or return_state or decode:
+            return False
+        return x.is_cuda if self.recompute == "auto" else bool(self.recompute)
+
     def forward(self, x, cu_seqlens=None, state=None, return_state=False, decode=False):
         B0, T0, D = x.shape
         if cu_seqlens is not None and (state is not None or return_state):
             raise ValueError("cu_seqlens and decoding state cannot be combined")
         h = flatten_for_varlen(x, cu_seqlens)
         B, T, _ = h.shape
-        H, dk, dv = self.H, self.dk, self.dv
-        qkv = torch.cat([self.q_proj(h), self.k_proj(h), self.v_proj(h)], dim=-1)
+        H, dv = self.H, self.dv
+        # q, k, v in one matrix product (weights stacked: no [B, T, 3D] copy of the outputs; same parameters)
+        qkv = F.linear(h, torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
+        zg, zl = self._gate_logits(h)
         pos = positions_in_sequence(cu_seqlens, T, h.device) if cu_seqlens is not None else None
+        # which core the op runs (its own dispatch, asked with q's batch, length, device and dtype), set out
+        # here: the recomputed region below may not change module attributes under torch.compile
+        self.backend_used = ("recurrent-" if decode else "") + operator_backend_label(
+            self.backend, qkv, self.variant, self.window, step=decode)
+        if self._recomputes(x, state, return_state, decode):
+            o = checkpoint(self._glue_and_op, qkv, zg, zl, pos, cu_seqlens, use_reentrant=False,
+                           context_fn=_KEEP_CORE)
+            new_state = None
+        else:
+            o, conv_cache, op_state = self._glue_and_op(qkv, zg, zl, pos, cu_seqlens, state, return_state,
+                                                        decode, full=True)
+            new_state = {"conv": conv_cache, "op": op_state} if return_state else None
+        gate = self.g_proj(h).view(B, T, H, dv) if self.g_proj is not None else None
+        if isinstance(self.o_norm, FusedRMSNormGated):
+            o = self.o_norm(o, gate.to(o.dtype))
+        else:
+            o = self.o_norm(o) if self.o_norm is not None else o
+            o = o * F.silu(gate) if gate is not None else o
+        y = self.o_proj(o.reshape(B, T, H * dv)).view(B0, T0, D)
+        return y, new_state
+
+    def _glue_and_op(self, qkv, zg, zl, pos, cu_seqlens, state=None, return_state=False, decode=False,
+                     full=False):
+        """Projections' outputs -> the op's output o [B, T, H, dv]: short conv + SiLU, QK norm, gates,
+        the op (prep and core). full: also return (conv cache, op state) for decoding."""
+        B, T, _ = qkv.shape
+        H, dk, dv = self.H, self.dk, self.dv
         conv_cache = state["conv"] if state is not None else None
         if self.conv is not None:
             qkv, conv_cache = self.conv(qkv, conv_cache, pos)
@@ -225,7 +303,7 @@ class FalconMixer(Mixer):
         q = self._norm(q.view(B, T, H, dk), 0)
         k = self._norm(k.view(B, T, H, dk), 1)
         v = v.view(B, T, H, dv)
-        beta, lam, step = self._gates(h)
+        beta, lam, step = self._gates(zg, zl)
         kw = dict(variant=self.variant, step=step, lam_mode=self.lam_mode, shift=self.shift, read=self.read,
                   eps=self.eps, eps_gamma=self.eps_gamma, initial_state=state["op"] if state else None,
                   output_final_state=return_state)
@@ -234,21 +312,10 @@ class FalconMixer(Mixer):
         if decode:
             o, op_state = fused_recurrent_falcon(q, k, v, beta.to(_gate_dtype(q)), lam.to(_gate_dtype(q)),
                                                  backend=self.backend, **kw)
-            self.backend_used = "recurrent-" + operator_backend_label(self.backend, q, self.variant, self.window,
-                                                                     step=True)
         else:
             o, op_state = chunk_falcon(q, k, v, beta.to(_gate_dtype(q)), lam.to(_gate_dtype(q)), cu_seqlens=cu_seqlens,
                                        chunk_size=self.chunk_size, backend=self.backend, **kw)
-            self.backend_used = operator_backend_label(self.backend, q, self.variant, self.window)
-        gate = self.g_proj(h).view(B, T, H, dv) if self.g_proj is not None else None
-        if isinstance(self.o_norm, FusedRMSNormGated):
-            o = self.o_norm(o, gate.to(o.dtype))
-        else:
-            o = self.o_norm(o) if self.o_norm is not None else o
-            o = o * F.silu(gate) if gate is not None else o
-        y = self.o_proj(o.reshape(B, T, H * dv)).view(B0, T0, D)
-        new_state = {"conv": conv_cache, "op": op_state} if return_state else None
-        return y, new_state
+        return (o, conv_cache, op_state) if full else o
 
     def state_numel(self, batch_size, seq_len):
         H, dk, dv = self.H, self.dk, self.dv
