@@ -44,18 +44,27 @@ def conv_case(c):
     conv.BLOCK_T, conv.BLOCK_D = c.get("BT", 64), c.get("BD", 64)
     x, w, cache, pos, dy = make(c)
     act = c["act"]
+    split = c.get("split", 1)
+    if split > 1:  # y (and its gradient) in the layout [split, B, T, D/split]
+        B, T, D = dy.shape
+        dy = dy.view(B, T, split, D // split).permute(2, 0, 1, 3).contiguous()
     # reference: torch path in float64 on the rounded inputs
     xr, wr = x.double().requires_grad_(True), w.double().requires_grad_(True)
-    y_ref, nc_ref = short_conv_torch(xr, wr, cache.double() if cache is not None else None, pos, act)
+    y_ref, nc_ref = short_conv_torch(xr, wr, cache.double() if cache is not None else None, pos, act, split)
     dx_ref, dw_ref = torch.autograd.grad((y_ref * dy).sum(), (xr, wr))
     xi, wi = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    y, nc = short_conv(xi, wi, cache, pos, act, backend="triton")
+    y, nc = short_conv(xi, wi, cache, pos, act, backend="triton", split=split)
     dx, dw = torch.autograd.grad((y.double() * dy).sum(), (xi, wi))
     assert y.dtype == x.dtype and dx.dtype == x.dtype and dw.dtype == w.dtype and nc.dtype == x.dtype
     res = {"y": rel(y, y_ref), "dx": rel(dx, dx_ref), "dw": rel(dw, dw_ref)}
     if c["K"] > 1:
         res["new_cache"] = rel(nc, nc_ref)
-    if pos is not None:  # perturb the first sequence: nothing else may change (exactly)
+    if split > 1:  # the same numbers as the plain layout, moved
+        with torch.no_grad():
+            y1, _ = short_conv(x, w, cache, pos, act, backend="triton")
+        B, T, D = x.shape
+        res["split_layout_exact"] = bool(torch.equal(y1.view(B, T, split, D // split).permute(2, 0, 1, 3), y))
+    if pos is not None and split == 1:  # perturb the first sequence: nothing else may change (exactly)
         x2 = x.clone()
         x2[:, : c["cu"][1]] += 1.0
         with torch.no_grad():

@@ -7,7 +7,7 @@ set -u
 . experiments/h200/device_env.sh > $OUT/env_$1.log 2>&1
 export FALCON_COMMIT=${FALCON_COMMIT:-unknown} TORCHINDUCTOR_CACHE_DIR=/tmp/inductor TRITON_CACHE_DIR=/tmp/triton
 W=/tmp/work_$1; mkdir -p $W
-case "$1" in d|e|f) M=$W/m ;; *) M=$OUT/m ;; esac
+case "$1" in d|e|f|g|h) M=$W/m ;; *) M=$OUT/m ;; esac
 B="python3 -m falcon_lab.bench model --size small --contexts= --steps 6 --out $M"
 run() { local t=$1; shift; echo "== $(date +%T) $*" | tee -a $OUT/stage_$STAGE.log
         timeout "$t" "$@" >> $OUT/stage_$STAGE.log 2>&1; echo "== rc $?" | tee -a $OUT/stage_$STAGE.log; }
@@ -47,6 +47,19 @@ case "$1" in
     run 180 python3 experiments/h200/train_small.py --out $W/train --steps 300 --models 1a_3,1a_3_unfused
     run 170 $B --mixers transformer,falcon-1A --seq-lens 2048 --loss-impl chunked_torch
     ;;
+  # third round (the short conv's two-pass backward and its split q|k|v output)
+  g)
+    run 70 python3 -m falcon_lab.benchmarking.modules_check --out $W
+    run 200 $B --mixers transformer,falcon-1A,falcon-1 --profile
+    run 80 $B --mixers falcon-1A --override mixer.recompute=false --tag norecompute --profile
+    run 90 $B --mixers falcon-2A,falcon-3A,falcon-3 --seq-lens 2048 --profile
+    run 70 $B --mixers falcon-2A,falcon-3A,falcon-3 --seq-lens 2048 --override mixer.recompute=false --tag norecompute
+    ;;
+  h)
+    run 240 $B --mixers fla_deltanet
+    run 150 python3 experiments/h200/train_small.py --out $W/train --steps 300 --models 1a_3,1a_3_unfused
+    rm -rf $W/train/1a_3 $W/train/1a_3_unfused  # checkpoints: too large to bring back
+    ;;
 esac
-case "$1" in d|e|f) tar czf $OUT/res_$1.tgz -C $W . ;; esac
+case "$1" in d|e|f|g|h) tar czf $OUT/res_$1.tgz -C $W . ;; esac
 tail -n 25 $OUT/stage_$STAGE.log

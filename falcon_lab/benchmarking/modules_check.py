@@ -30,6 +30,10 @@ def _cases(B=16, T=2048, H=6, D=128):
         "short_conv": (lambda dt: [torch.randn(B, T, C, dtype=dt), torch.randn(C, 4) * 0.5],
                        lambda x, w: short_conv(x, w, backend="triton")[0],
                        lambda x, w: short_conv_torch(x, w)[0]),
+        # as the Falcon mixer calls it: q, k, v out as three contiguous tensors [3, B, T, H*D]
+        "short_conv_split3": (lambda dt: [torch.randn(B, T, C, dtype=dt), torch.randn(C, 4) * 0.5],
+                              lambda x, w: short_conv(x, w, backend="triton", split=3)[0],
+                              lambda x, w: short_conv_torch(x, w, split=3)[0]),
         "rms_norm_gated": (lambda dt: [torch.randn(B, T, H, D, dtype=dt), 1 + 0.1 * torch.randn(D),
                                        torch.randn(B, T, H, D, dtype=dt)],
                            lambda x, w, g: rms_norm_gated(x, w, g, 1e-6, backend="triton"),

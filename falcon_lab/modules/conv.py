@@ -16,8 +16,11 @@ Paths:
     torch.compile/Inductor fuses; any device, differentiable in x, weight and cache.
   * Triton (`falcon_lab::short_conv_fwd` / `short_conv_bwd` custom ops, so torch.compile traces
     around them): loads in the storage dtype, fp32 accumulation, y in x.dtype. The backward recomputes
-    the convolution (autograd keeps only x, weight, cache, pos), gives dx in x.dtype and dweight
-    summed in fp32 over deterministic per-program partial sums, returned in weight's dtype. The cache
+    the convolution once (autograd keeps only x, weight, cache, pos) in two passes: dz = dy·act'(z) into
+    an fp32 buffer with the dweight partials, then dx from K shifted reads of dz (one pass that
+    recomputed dz at every shift cost 0.94 ms per call on the H200 at 32768 x 2304, six times its
+    memory traffic). dx in x.dtype; dweight summed in fp32 over deterministic per-program partial
+    sums, returned in weight's dtype. The cache
     is an input, not differentiated. CUDA, or CPU under TRITON_INTERPRET=1 (set before triton is
     imported), which the tests use.
 """
@@ -54,8 +57,9 @@ NUM_WARPS = 4
 
 
 def short_conv_torch(x: torch.Tensor, weight: torch.Tensor, cache: Optional[torch.Tensor] = None,
-                     pos: Optional[torch.Tensor] = None, activation: bool = True):
-    """PyTorch path: x [B,T,D], weight [D,K], cache [B,K-1,D] | None, pos [T] | None -> (y, new_cache)."""
+                     pos: Optional[torch.Tensor] = None, activation: bool = True, split: int = 1):
+    """PyTorch path: x [B,T,D], weight [D,K], cache [B,K-1,D] | None, pos [T] | None -> (y, new_cache);
+    split > 1: y as [split, B, T, D/split] (see short_conv)."""
     B, T, D = x.shape
     K = weight.shape[1]
     w = weight.to(x.dtype)
@@ -67,7 +71,10 @@ def short_conv_torch(x: torch.Tensor, weight: torch.Tensor, cache: Optional[torc
         if pos is not None:
             term = torch.where((pos >= j)[None, :, None], term, 0)
         y = y + term
-    return (F.silu(y) if activation else y), xp[:, T:]
+    y = F.silu(y) if activation else y
+    if split > 1:
+        y = y.view(B, T, split, D // split).permute(2, 0, 1, 3).contiguous()
+    return y, xp[:, T:]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -106,8 +113,15 @@ if triton is not None:
         return z
 
     @triton.jit
-    def _short_conv_fwd_kernel(X, C, P, Wt, Y, T, D, K: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                               HAS_CACHE: tl.constexpr, HAS_POS: tl.constexpr, ACT: tl.constexpr):
+    def _y_offsets(b, rows, cols, T, DG, BTDG):
+        """Offsets of (b, rows, cols) in the output layout [split, B, T, DG] (split = D / DG; DG = D is
+        the plain [B, T, D] layout)."""
+        g = cols // DG
+        return (g.to(tl.int64) * BTDG + b * T * DG)[None, :] + rows.to(tl.int64)[:, None] * DG + (cols - g * DG)[None, :]
+
+    @triton.jit
+    def _short_conv_fwd_kernel(X, C, P, Wt, Y, T, D, DG, BTDG, K: tl.constexpr, BT: tl.constexpr,
+                               BD: tl.constexpr, HAS_CACHE: tl.constexpr, HAS_POS: tl.constexpr, ACT: tl.constexpr):
         pid_t = tl.program_id(0)
         b = tl.program_id(2).to(tl.int64)
         rows = pid_t * BT + tl.arange(0, BT)
@@ -118,59 +132,62 @@ if triton is not None:
         z = _conv_rows(X, C, P, Wt, xb, cb, rows, cols, dmask, T, D, K, BT, BD, HAS_CACHE, HAS_POS)
         if ACT:
             z = z * tl.sigmoid(z)
-        offs = xb + rows.to(tl.int64)[:, None] * D + cols[None, :]
+        offs = _y_offsets(b, rows, cols, T, DG, BTDG)
         tl.store(Y + offs, z.to(Y.dtype.element_ty), mask=(rows < T)[:, None] & dmask[None, :])
 
     @triton.jit
-    def _dz_rows(X, C, P, Wt, DY, xb, cb, rows, cols, dmask, T, D, K: tl.constexpr, BT: tl.constexpr,
-                 BD: tl.constexpr, HAS_CACHE: tl.constexpr, HAS_POS: tl.constexpr, ACT: tl.constexpr):
-        """dL/dz at `rows` (zero for rows >= T), the conv recomputed for SiLU's derivative."""
-        rmask = rows < T
-        offs = xb + tl.where(rmask, rows, 0).to(tl.int64)[:, None] * D + cols[None, :]
-        dz = tl.load(DY + offs, mask=rmask[:, None] & dmask[None, :], other=0.).to(tl.float32)
-        if ACT:
-            z = _conv_rows(X, C, P, Wt, xb, cb, rows, cols, dmask, T, D, K, BT, BD, HAS_CACHE, HAS_POS)
-            s = tl.sigmoid(z)
-            dz = dz * s * (1. + z * (1. - s))
-        return dz
-
-    @triton.jit
-    def _short_conv_bwd_kernel(X, C, P, Wt, DY, DX, DWP, T, D, K: tl.constexpr, BT: tl.constexpr,
-                               BD: tl.constexpr, HAS_CACHE: tl.constexpr, HAS_POS: tl.constexpr,
-                               ACT: tl.constexpr):
+    def _short_conv_dz_kernel(X, C, P, Wt, DY, DZ, DWP, T, D, DG, BTDG, K: tl.constexpr, BT: tl.constexpr,
+                              BD: tl.constexpr, HAS_CACHE: tl.constexpr, HAS_POS: tl.constexpr,
+                              ACT: tl.constexpr):
+        """Backward, pass 1: dz = dy · act'(z) (the convolution recomputed once) into DZ (fp32, x's
+        layout), and this tile's dweight partial Σ_t dz[t] · xp[t-j] (· [pos[t] >= j])."""
         pid_t = tl.program_id(0)
         b = tl.program_id(2).to(tl.int64)
         rows = pid_t * BT + tl.arange(0, BT)
         cols = tl.program_id(1) * BD + tl.arange(0, BD)
         dmask = cols < D
         rmask = rows < T
+        mask = rmask[:, None] & dmask[None, :]
         xb = b * T * D
         cb = b * (K - 1) * D
-        # dweight[:, K-1-j] partial = Σ_{t in tile} dz[t] · xp[t-j] (· [pos[t] >= j])
-        dz0 = _dz_rows(X, C, P, Wt, DY, xb, cb, rows, cols, dmask, T, D, K, BT, BD, HAS_CACHE, HAS_POS, ACT)
+        dz = tl.load(DY + _y_offsets(b, rows, cols, T, DG, BTDG), mask=mask, other=0.).to(tl.float32)
+        if ACT:
+            z = _conv_rows(X, C, P, Wt, xb, cb, rows, cols, dmask, T, D, K, BT, BD, HAS_CACHE, HAS_POS)
+            sg = tl.sigmoid(z)
+            dz = dz * sg * (1. + z * (1. - sg))
+        tl.store(DZ + xb + rows.to(tl.int64)[:, None] * D + cols[None, :], dz, mask=mask)
         if HAS_POS:
             p0 = tl.load(P + rows, mask=rmask, other=0)
         part = (b * tl.num_programs(0) + pid_t) * D * K
         for j in tl.static_range(K):
-            g = dz0 * _load_xp(X, C, xb, cb, rows - j, cols, dmask, T, D, K, HAS_CACHE)
+            g = dz * _load_xp(X, C, xb, cb, rows - j, cols, dmask, T, D, K, HAS_CACHE)
             if HAS_POS:
                 g = tl.where((p0 >= j)[:, None], g, 0.)
             tl.store(DWP + part + cols * K + (K - 1 - j), tl.sum(g, 0), mask=dmask)
-        # dx[s] = Σ_j w[:, K-1-j] · dz[s+j] (· [pos[s+j] >= j]); dz at s+j recomputed per shift
+
+    @triton.jit
+    def _short_conv_dx_kernel(DZ, P, Wt, DX, T, D, K: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                              HAS_POS: tl.constexpr):
+        """Backward, pass 2: dx[s] = Σ_j w[:, K-1-j] · dz[s+j] (· [pos[s+j] >= j]), s+j < T."""
+        pid_t = tl.program_id(0)
+        b = tl.program_id(2).to(tl.int64)
+        rows = pid_t * BT + tl.arange(0, BT)
+        cols = tl.program_id(1) * BD + tl.arange(0, BD)
+        dmask = cols < D
+        xb = b * T * D
         dx = tl.zeros([BT, BD], dtype=tl.float32)
         for j in tl.static_range(K):
             r = rows + j
-            if j == 0:
-                dz = dz0
-            else:
-                dz = _dz_rows(X, C, P, Wt, DY, xb, cb, r, cols, dmask, T, D, K, BT, BD, HAS_CACHE, HAS_POS, ACT)
+            rm = r < T
+            dz = tl.load(DZ + xb + tl.where(rm, r, 0).to(tl.int64)[:, None] * D + cols[None, :],
+                         mask=rm[:, None] & dmask[None, :], other=0.)
             if HAS_POS:
-                pr = tl.load(P + r, mask=r < T, other=0)
+                pr = tl.load(P + r, mask=rm, other=0)
                 dz = tl.where((pr >= j)[:, None], dz, 0.)
             w = tl.load(Wt + cols * K + (K - 1 - j), mask=dmask, other=0.).to(tl.float32)
             dx += dz * w[None, :]
         offs = xb + rows.to(tl.int64)[:, None] * D + cols[None, :]
-        tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
+        tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=(rows < T)[:, None] & dmask[None, :])
 
 
 def _alloc(shape, dtype, device):
@@ -192,49 +209,59 @@ def _launch_args(x, weight, cache, pos):
     return grid, x, c, p, weight.contiguous(), meta
 
 
+def _out_shape(x, split):
+    B, T, D = x.shape
+    return (B, T, D) if split == 1 else (split, B, T, D // split)
+
+
 @torch.library.custom_op("falcon_lab::short_conv_fwd", mutates_args=())
 def _short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, cache: Optional[torch.Tensor],
-                    pos: Optional[torch.Tensor], activation: bool) -> torch.Tensor:
-    y = _alloc(x.shape, x.dtype, x.device)
+                    pos: Optional[torch.Tensor], activation: bool, split: int = 1) -> torch.Tensor:
+    y = _alloc(_out_shape(x, split), x.dtype, x.device)
     if x.numel():
+        B, T, D = x.shape
         grid, xc, c, p, w, meta = _launch_args(x, weight, cache, pos)
-        _short_conv_fwd_kernel[grid](xc, c, p, w, y, x.shape[1], x.shape[2], ACT=activation, **meta)
+        _short_conv_fwd_kernel[grid](xc, c, p, w, y, T, D, D // split, B * T * (D // split), ACT=activation, **meta)
     return y
 
 
 @_short_conv_fwd.register_fake
-def _(x, weight, cache, pos, activation):
-    return x.new_empty(x.shape)
+def _(x, weight, cache, pos, activation, split=1):
+    return x.new_empty(_out_shape(x, split))
 
 
 @torch.library.custom_op("falcon_lab::short_conv_bwd", mutates_args=())
 def _short_conv_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, cache: Optional[torch.Tensor],
-                    pos: Optional[torch.Tensor], activation: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                    pos: Optional[torch.Tensor], activation: bool, split: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     B, T, D = x.shape
     dx = _alloc(x.shape, x.dtype, x.device)
     if not x.numel():
         return dx, torch.zeros_like(weight)
     grid, xc, c, p, w, meta = _launch_args(x, weight, cache, pos)
+    dz = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     dwp = _alloc((grid[0] * B, D, weight.shape[1]), torch.float32, x.device)
-    _short_conv_bwd_kernel[grid](xc, c, p, w, dy.contiguous(), dx, dwp, T, D, ACT=activation, **meta)
+    _short_conv_dz_kernel[grid](xc, c, p, w, dy.contiguous(), dz, dwp, T, D, D // split, B * T * (D // split),
+                                ACT=activation, **meta)
+    _short_conv_dx_kernel[grid](dz, p, w, dx, T, D, K=meta["K"], BT=meta["BT"], BD=meta["BD"],
+                                HAS_POS=meta["HAS_POS"], num_warps=meta["num_warps"])
     return dx, dwp.sum(0).to(weight.dtype)
 
 
 @_short_conv_bwd.register_fake
-def _(dy, x, weight, cache, pos, activation):
+def _(dy, x, weight, cache, pos, activation, split=1):
     return x.new_empty(x.shape), weight.new_empty(weight.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, cache, pos, activation = inputs
+    x, weight, cache, pos, activation, split = inputs
     ctx.save_for_backward(x, weight, cache, pos)
-    ctx.activation = activation
+    ctx.activation, ctx.split = activation, split
 
 
 def _backward(ctx, dy):
     x, weight, cache, pos = ctx.saved_tensors
-    dx, dw = torch.ops.falcon_lab.short_conv_bwd(dy, x, weight, cache, pos, ctx.activation)
-    return dx, dw, None, None, None
+    dx, dw = torch.ops.falcon_lab.short_conv_bwd(dy, x, weight, cache, pos, ctx.activation, ctx.split)
+    return dx, dw, None, None, None, None
 
 
 _short_conv_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -256,14 +283,19 @@ def _check_triton(x: torch.Tensor, K: int) -> None:
 
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor, cache: Optional[torch.Tensor] = None,
-               pos: Optional[torch.Tensor] = None, activation: bool = True, backend: Optional[str] = None):
+               pos: Optional[torch.Tensor] = None, activation: bool = True, backend: Optional[str] = None,
+               split: int = 1):
     """(y, new_cache) of the causal depthwise convolution (module docstring). backend: None = Triton
     for CUDA fp32/fp16/bf16 tensors (torch for a decoding step: T == 1, cache, no grad), else torch;
-    "torch"; "triton" (CUDA, or CPU under TRITON_INTERPRET=1)."""
+    "torch"; "triton" (CUDA, or CPU under TRITON_INTERPRET=1).
+    split: y comes back as [split, B, T, D/split], channel c in slice c // (D/split): q, k and v convolved
+    together come out as three contiguous tensors (`y.unbind(0)`), with no copy after the kernel (ours)."""
     if backend not in (None, "torch", "triton"):
         raise ValueError(f"backend must be None, 'torch' or 'triton', got {backend!r}")
     B, T, D = x.shape
     K = weight.shape[1]
+    if split < 1 or D % split:
+        raise ValueError(f"split must divide the channels D={D}, got {split}")
     if weight.dim() != 2 or weight.shape[0] != D or K < 1:
         raise ValueError(f"weight must be [D={D}, K >= 1], got {tuple(weight.shape)}")
     if cache is not None and cache.shape != (B, K - 1, D):
@@ -278,10 +310,10 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, cache: Optional[torch.Tens
     else:
         use_triton = backend == "triton"
     if not use_triton:
-        return short_conv_torch(x, weight, cache, pos, activation)
+        return short_conv_torch(x, weight, cache, pos, activation, split)
     _check_triton(x, K)
     c = cache.detach() if cache is not None else None
-    y = torch.ops.falcon_lab.short_conv_fwd(x, weight, c, pos, activation)
+    y = torch.ops.falcon_lab.short_conv_fwd(x, weight, c, pos, activation, int(split))
     if K == 1:
         new_cache = x.new_zeros(B, 0, D)
     elif T >= K - 1:
@@ -296,15 +328,17 @@ class ShortConvolution(nn.Module):
     """Depthwise causal convolution (kernel `size`, no bias) + optional SiLU, with a decode cache.
     Ours: kernel 4 + SiLU by default (fla's default; the paper gives neither)."""
 
-    def __init__(self, channels: int, size: int = 4, activation: bool = True, backend: Optional[str] = None):
+    def __init__(self, channels: int, size: int = 4, activation: bool = True, backend: Optional[str] = None,
+                 split: int = 1):
         super().__init__()
         self.channels, self.size, self.activation, self.backend = channels, size, activation, backend
+        self.split = split  # forward's y as [split, B, T, channels/split] (short_conv)
         self.weight = nn.Parameter(torch.empty(channels, size))
         nn.init.uniform_(self.weight, -1.0 / size ** 0.5, 1.0 / size ** 0.5)
 
     def forward(self, x, cache=None, pos=None):
         """x [B, T, C]; cache [B, size-1, C] or None; pos [T] or None. Returns (y, new_cache)."""
-        return short_conv(x, self.weight, cache, pos, self.activation, self.backend)
+        return short_conv(x, self.weight, cache, pos, self.activation, self.backend, self.split)
 
     def extra_repr(self) -> str:
         return f"{self.channels}, size={self.size}, activation={self.activation}, backend={self.backend}"

@@ -9,6 +9,9 @@ from falcon_lab.models.mixers.base import Mixer, positions_in_sequence
 from falcon_lab.models.mixers.registry import register_mixer
 
 
+ROPE_TABLE = 32768  # positions whose cos/sin each attention layer keeps precomputed (ours)
+
+
 def rope_cos_sin(pos: torch.Tensor, dim: int, theta: float):
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim))
     ang = pos.float()[..., None] * inv  # [T, dim/2] or [B, T, dim/2]
@@ -35,6 +38,21 @@ class Attention(Mixer):
         self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
         self.qk_norm = qk_norm
         self.backend_used = "sdpa"
+        # RoPE's cos/sin for positions < ROPE_TABLE, computed once (non-persistent: not in checkpoints).
+        # Computed inside the step instead, torch.compile fuses pow/cos/sin into the rotation itself and
+        # evaluates them per element of q and k: 17 ms of a 78 ms training step on the H200 (2048 x 16).
+        cos, sin = rope_cos_sin(torch.arange(ROPE_TABLE), head_dim, self.theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def _rope(self, pos, start, T):
+        """cos/sin at `pos` (start + arange(T), or per-row positions): from the table where it reaches."""
+        table = self.rope_cos.dtype in (torch.float32, torch.float64)  # not after a cast to bf16/fp16
+        if table and isinstance(start, int) and start + T <= self.rope_cos.shape[0]:
+            if pos.dim() == 1:
+                return self.rope_cos[start:start + T].float(), self.rope_sin[start:start + T].float()
+            return self.rope_cos[pos].float(), self.rope_sin[pos].float()  # per-row positions < T
+        return rope_cos_sin(pos, self.dh, self.theta)
 
     def init_state(self, batch_size, device=None, max_len=None):
         if max_len is None:  # growing cache (torch.cat per step)
@@ -60,7 +78,7 @@ class Attention(Mixer):
             pos = positions_in_sequence(cu_seqlens, B * T, h.device).view(B, T)
         else:
             pos = torch.arange(start, start + T, device=h.device)
-        cos, sin = rope_cos_sin(pos, self.dh, self.theta)
+        cos, sin = self._rope(pos, start, T)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, dh]
         new_state = None

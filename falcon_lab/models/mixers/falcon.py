@@ -198,7 +198,8 @@ class FalconMixer(Mixer):
         self.q_proj = nn.Linear(d_model, H * dk, bias=False)
         self.k_proj = nn.Linear(d_model, H * dk, bias=False)
         self.v_proj = nn.Linear(d_model, H * dv, bias=False)
-        self.conv = ShortConvolution(2 * H * dk + H * dv, conv_size, backend=mb) if conv_size > 1 else None
+        # q, k, v convolved in one kernel that writes them as three contiguous tensors (split=3; dk == dv)
+        self.conv = ShortConvolution(2 * H * dk + H * dv, conv_size, backend=mb, split=3) if conv_size > 1 else None
         self.qk_gain = nn.Parameter(torch.ones(2, H, dk)) if qk_norm_gain else None
         self.gate_proj = nn.Linear(d_model, H * dv if self.per_column else H, bias=True)
         nn.init.zeros_(self.gate_proj.bias)  # ours: σ(0) = 1/2 -> β = 1 (ctx_beta), η = eta_max/2/E_nom
@@ -296,10 +297,10 @@ class FalconMixer(Mixer):
         H, dk, dv = self.H, self.dk, self.dv
         conv_cache = state["conv"] if state is not None else None
         if self.conv is not None:
-            qkv, conv_cache = self.conv(qkv, conv_cache, pos)
+            y, conv_cache = self.conv(qkv, conv_cache, pos)
+            q, k, v = y.unbind(0)
         else:
-            qkv = F.silu(qkv)
-        q, k, v = qkv.split([H * dk, H * dk, H * dv], dim=-1)
+            q, k, v = F.silu(qkv).split([H * dk, H * dk, H * dv], dim=-1)
         q = self._norm(q.view(B, T, H, dk), 0)
         k = self._norm(k.view(B, T, H, dk), 1)
         v = v.view(B, T, H, dv)
