@@ -18,7 +18,10 @@ Memory (ours, `recompute`): in training, the glue between the projections and th
 checkpointing: autograd keeps the projections' outputs and the core's outputs (o, chunk states), and
 the glue is recomputed in backward to feed the core's backward (torch.utils.checkpoint with a policy
 that saves the core `falcon_lab::chunk_core_fwd` and recomputes the rest). Same values and gradients;
-`auto` turns it on for CUDA inputs (off on CPU, where the op's PyTorch form would be recomputed too).
+`auto` turns it on for CUDA inputs of the variants without a window (off on CPU, where the op's PyTorch
+form would be recomputed too, and for 3 / 3A, whose window-expanded prep is costly to redo: on the H200
+at 2048 x 16 it cost Falcon-3 39 % and Falcon-3A 7 % of their speed, for -8.8 GiB and +0.5 GiB; it costs
+Falcon-1A about nothing and saves 2.9 GiB, Falcon-2A 2 % for 5.1 GiB).
 
 Gate ranges (ours) keep the decay clamp inactive in the presets: without a learnable QK gain,
 ||x||² ≤ d_k (rmsnorm) or ≤ 1 (l2), so with scaled λ, lam_scale ≤ 1 and eta_max ≤ 1,
@@ -255,7 +258,9 @@ class FalconMixer(Mixer):
     def _recomputes(self, x, state, return_state, decode) -> bool:
         if not (self.training and torch.is_grad_enabled()) or state is not None or return_state or decode:
             return False
-        return x.is_cuda if self.recompute == "auto" else bool(self.recompute)
+        if self.recompute == "auto":  # measured on the H200 (benchmarks/results/model_h200.md, +norecompute rows)
+            return x.is_cuda and not self.spec.windowed
+        return bool(self.recompute)
 
     def forward(self, x, cu_seqlens=None, state=None, return_state=False, decode=False):
         B0, T0, D = x.shape
