@@ -29,6 +29,9 @@ def main(argv=None):
 
     add_model_parser(sub)
     a = ap.parse_args(argv)
+    from falcon_lab import logs
+
+    logs.setup()
     import torch
 
     if a.cmd == "model":

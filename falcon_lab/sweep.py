@@ -1,7 +1,10 @@
 """Ablation sweeps: ``python -m falcon_lab.sweep ablation=NAME [sweep options] [fit overrides...]``.
 
-Search spaces live in ``falcon_lab/configs/ablation/NAME.yaml`` (or ``ablation=path/to/file.yaml``);
-see docs/sweeps.md. Options (every other ``key=value`` is a fit override for every trial):
+Every argument is a Hydra override, as for ``python -m falcon_lab.fit``. Search spaces live in
+``falcon_lab/configs/ablation/NAME.yaml`` (or ``ablation=path/to/file.yaml``); see docs/sweeps.md.
+The sweep's own options (below) are composed into a typed config (``SweepOptions``, Hydra's Compose
+API): a bad value fails at start naming the option. Every other override is a fit override for
+every trial, checked against the composed fit config before anything trains.
 
   ablation=NAME        the search space (required; ``list=true`` shows the shipped ones)
   n_trials=N           budget of COMPLETE + PRUNED trials (default: the space's n_trials)
@@ -16,80 +19,157 @@ see docs/sweeps.md. Options (every other ``key=value`` is a fit override for eve
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import logging
 import shlex
 import sys
 from pathlib import Path
+from typing import Optional
 
-OPTIONS = ("ablation", "n_trials", "workers", "study", "storage", "launch", "heartbeat", "grace",
-           "runner", "report", "report_dir", "list")
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class SweepOptions:
+    """The sweep's own options (the schema Hydra composes them into; defaults as documented)."""
+
+    ablation: Optional[str] = None
+    n_trials: Optional[int] = None
+    workers: int = 1
+    study: Optional[str] = None
+    storage: Optional[str] = None
+    launch: str = "auto"
+    heartbeat: float = 15.0
+    grace: float = 90.0
+    runner: Optional[str] = None
+    report: bool = False
+    report_dir: Optional[str] = None
+    list: bool = False
+
+
+OPTIONS = tuple(f.name for f in dataclasses.fields(SweepOptions))
+TEXT_OPTIONS = ("ablation", "study", "storage", "launch", "runner", "report_dir")  # str-valued
+CONFIG_NAME = "falcon_lab_sweep"
+EXPECTED = {int: "expected an integer", float: "expected a number of seconds", bool: "expected true or false"}
 
 
 class UsageError(ValueError):
     pass
 
 
-def _bool(key: str, v: str) -> bool:
-    if v.lower() in ("1", "true", "yes", "on"):
-        return True
-    if v.lower() in ("0", "false", "no", "off"):
-        return False
-    raise UsageError(f"{key}={v}: expected true or false")
+def _expected(key: str) -> str | None:
+    """What a value of option ``key`` must be, from its type in SweepOptions."""
+    import typing
+
+    kind = typing.get_type_hints(SweepOptions).get(key)
+    for t, what in EXPECTED.items():
+        if kind is t or t in typing.get_args(kind):
+            return what
+    return None
 
 
-def _int(key: str, v: str, low: int = 1) -> int:
+def _compose(overrides: list[str]) -> SweepOptions:
+    """Hydra's Compose API on the registered SweepOptions schema; errors name the option."""
+    from hydra import compose, initialize
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf
+
+    ConfigStore.instance().store(name=CONFIG_NAME, node=SweepOptions)
+    GlobalHydra.instance().clear()
     try:
-        n = int(v)
-    except ValueError:
-        raise UsageError(f"{key}={v}: expected an integer") from None
-    if n < low:
-        raise UsageError(f"{key}={v}: must be >= {low}")
-    return n
+        with initialize(version_base="1.3", config_path=None):
+            cfg = compose(config_name=CONFIG_NAME, overrides=overrides)
+    except ConfigCompositionException as e:
+        bad = next((o for o in overrides if str(e).endswith(f"override {o}")), None)
+        if bad is not None:  # a value of the wrong type: "Error merging override workers=two"
+            key = bad.split("=", 1)[0].lstrip("+~")
+            hint = _expected(key) or str(e.__cause__ or e).splitlines()[0]
+            raise UsageError(f"{bad}: {hint}") from None
+        raise UsageError(str(e).strip().replace("\n", " ")) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return SweepOptions(**OmegaConf.to_container(cfg, resolve=True))
 
 
-def _float(key: str, v: str) -> float:
-    try:
-        x = float(v)
-    except ValueError:
-        raise UsageError(f"{key}={v}: expected a number of seconds") from None
-    if x <= 0:
-        raise UsageError(f"{key}={v}: must be > 0")
-    return x
+def _quoted(text: str) -> str:
+    """``text`` as a single-quoted Hydra string (backslashes before a quote or the end doubled)."""
+    import re
+
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""),
+                        text) + "'"
 
 
-def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
-    opts: dict = {}
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Parse every argument as a Hydra override; the sweep's options apart from the fit overrides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    mine: list[str] = []
     fit: list[str] = []
+    seen: set[str] = set()
     for a in argv:
         if a.startswith("-"):
             raise UsageError(f"{a}: flags are not supported here; pass fit overrides as key=value "
                              f"(see python -m falcon_lab.sweep --help)")
-        if "=" not in a:
-            raise UsageError(f"{a!r}: expected key=value")
-        k, v = a.split("=", 1)
-        if k in OPTIONS:
-            if k in opts:
-                raise UsageError(f"{k}= given twice")
-            opts[k] = v
+        key = a.split("=", 1)[0].lstrip("+~")
+        try:
+            o = parser.parse_overrides([a])[0]
+            key = o.key_or_group
+            # a name or path is the text as written: study=007, study=1e3, study=true stay strings
+            literal = key in TEXT_OPTIONS and isinstance(o.value(), (bool, int, float))
+        except OverrideParseException as e:
+            if "=" not in a:
+                raise UsageError(f"{a!r}: expected key=value") from None
+            if key not in OPTIONS:  # a fit override Hydra cannot parse: say so now
+                raise UsageError(f"{a}: not a Hydra override ({str(e).splitlines()[0]})") from None
+            literal = True  # e.g. storage=postgresql://...?sslmode=require (an '=' in the value)
+        if literal:
+            a = f"{key}={_quoted(a.split('=', 1)[1])}"
+        if key in OPTIONS:
+            if key in seen:
+                raise UsageError(f"{key}= given twice")
+            seen.add(key)
+            mine.append(a)
         else:
             fit.append(a)
-    out: dict = {"ablation": opts.get("ablation"), "study": opts.get("study") or None,
-                 "storage": opts.get("storage"), "runner": opts.get("runner"),
-                 "launch": opts.get("launch", "auto"), "report_dir": opts.get("report_dir")}
-    out["n_trials"] = _int("n_trials", opts["n_trials"]) if "n_trials" in opts else None
-    out["workers"] = _int("workers", opts.get("workers", "1"))
-    out["report"] = _bool("report", opts.get("report", "false"))
-    out["list"] = _bool("list", opts.get("list", "false"))
-    timing = {}
-    if "heartbeat" in opts:
-        timing["heartbeat"] = _float("heartbeat", opts["heartbeat"])
-    if "grace" in opts:
-        timing["grace"] = _float("grace", opts["grace"])
-    if timing.get("grace", 90.0) <= timing.get("heartbeat", 15.0):
+    return mine, fit
+
+
+def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
+    """``(options, fit overrides)`` of a sweep command line; a bad option raises UsageError naming it."""
+    mine, fit = _split(argv)
+    o = _compose(mine)
+    if o.n_trials is not None and o.n_trials < 1:
+        raise UsageError(f"n_trials={o.n_trials}: must be >= 1")
+    if o.workers < 1:
+        raise UsageError(f"workers={o.workers}: must be >= 1")
+    for k in ("heartbeat", "grace"):
+        if getattr(o, k) <= 0:
+            raise UsageError(f"{k}={getattr(o, k):g}: must be > 0")
+    if o.grace <= o.heartbeat:
         raise UsageError("grace= must be longer than heartbeat=")
-    out["timing"] = timing
-    if out["launch"] not in ("auto", "inprocess", "subprocess"):
-        raise UsageError(f"launch={out['launch']}: one of auto, inprocess, subprocess")
-    return out, fit
+    if o.launch not in ("auto", "inprocess", "subprocess"):
+        raise UsageError(f"launch={o.launch}: one of auto, inprocess, subprocess")
+    opts = dataclasses.asdict(o)
+    opts["study"] = opts["study"] or None
+    opts["timing"] = {"heartbeat": opts.pop("heartbeat"), "grace": opts.pop("grace")}
+    return opts, fit
+
+
+def _did_you_mean(fit: list[str], msg: str) -> str:
+    """A hint when the fit override an error names looks like a misspelt sweep option."""
+    for o in fit:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if f"'{key}'" not in msg:
+            continue
+        close = difflib.get_close_matches(key, OPTIONS, n=1, cutoff=0.8)
+        if close:
+            return f" ({key}: did you mean the sweep option {close[0]}=?)"
+    return ""
 
 
 def _list() -> None:
@@ -138,10 +218,14 @@ def report(opts: dict, fit: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from falcon_lab import logs
+
+    logs.setup()
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help", "help") for a in argv):
         print(__doc__)
         return 0
+    fit: list[str] = []
     try:
         opts, fit = parse_args(argv)
         if opts["list"]:
@@ -153,22 +237,25 @@ def main(argv: list[str] | None = None) -> int:
             return report(opts, fit)
         from falcon_lab.sweeps import driver
         from falcon_lab.sweeps.space import load_space
+        from falcon_lab.sweeps.storage import describe
 
         space = load_space(opts["ablation"], n_trials=opts["n_trials"])
         command = "python -m falcon_lab.sweep " + " ".join(shlex.quote(a) for a in argv)
         ctx = driver.prepare(space, fit, study_name=opts["study"], storage=opts["storage"],
                              runner=opts["runner"], launch=opts["launch"], command=command,
                              **opts["timing"])
-    except (UsageError, ValueError) as e:
+    except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"error: {e}{_did_you_mean(fit, str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted while preparing the study; nothing was trained", file=sys.stderr)
         return 130
-    driver.log(f"study {ctx.study_name!r} in {driver.st.describe(ctx.storage)}: "
-               f"{space.n_trials} trials, {space.direction} {space.metric}, sampler "
-               f"{space.sampler['name']}, pruner {space.pruner['name']}, workers {opts['workers']}, "
-               f"launch {ctx.launch}")
+    log.info("study %r in %s: %d trials, %s %s, sampler %s, pruner %s, workers %d, launch %s",
+             ctx.study_name, describe(ctx.storage), space.n_trials, space.direction, space.metric,
+             space.sampler["name"], space.pruner["name"], opts["workers"], ctx.launch)
     rc = 0
     try:
         if opts["workers"] == 1:
@@ -176,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rc = driver.run_workers(ctx, opts["workers"], ctx.devices)
     except (KeyboardInterrupt, SystemExit):  # Lightning turns Ctrl-C into SystemExit(1)
-        driver.log("interrupted: the running trial is marked FAIL and re-enqueued; rerun the "
-                   "same command to resume")
+        log.info("interrupted: the running trial is marked FAIL and re-enqueued; rerun the same "
+                 "command to resume")
         driver.finalize(ctx, interrupted=True)
         return 130
     final = driver.finalize(ctx)

@@ -132,3 +132,41 @@ def test_two_workers_share_one_sqlite_study(tmp_path):
     assert all(t.system_attrs[HOST_ATTR] for t in done)
     for i in range(2):
         assert (tmp_path / "sweeps" / "toy" / f"worker-{i}.log").exists()
+
+
+def test_grid_sampler_under_ask_tell_leaves_stopping_to_the_loop():
+    """GridSampler.after_trial calls study.stop() once every point was asked, which raises outside
+    study.optimize; the sweep's sampler wrapper makes it a no-op, and the outcome is recorded."""
+    from falcon_lab.sweeps.study import LoopDecidesStop
+
+    def ask_tell(study, state, value=None):
+        t = study.ask()
+        t.suggest_categorical("x", [0, 1])
+        study.tell(t, value, state=state)
+
+    plain = optuna.create_study(sampler=optuna.samplers.GridSampler({"x": [0, 1]}, seed=0))
+    ask_tell(plain, TrialState.FAIL)
+    with pytest.raises(RuntimeError, match="stop"):  # the grid is exhausted: Optuna's own stop()
+        ask_tell(plain, TrialState.COMPLETE, 1.0)
+    study = optuna.create_study(sampler=LoopDecidesStop(optuna.samplers.GridSampler({"x": [0, 1]}, seed=0)))
+    ask_tell(study, TrialState.FAIL)
+    ask_tell(study, TrialState.COMPLETE, 1.0)
+    ask_tell(study, TrialState.COMPLETE, 2.0)  # the loop goes on: a failed point does not count
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert {t.params["x"] for t in study.trials[:2]} == {0, 1}
+
+
+def test_sweeps_use_no_private_optuna_attribute():
+    """The sweep code reaches Optuna through its public API only (issue 13): no attribute access such
+    as study._storage, trial._trial_id, study._thread_local or study._stop_flag."""
+    import ast
+
+    import falcon_lab.sweep
+    import falcon_lab.sweeps
+
+    private = {"_storage", "_trial_id", "_study_id", "_thread_local", "_stop_flag", "_directions",
+               "_get_trials", "_cached_frozen_trial"}
+    files = [Path(falcon_lab.sweep.__file__), *Path(falcon_lab.sweeps.__file__).parent.glob("*.py")]
+    found = [f"{f.name}:{n.lineno} .{n.attr}" for f in files for n in ast.walk(ast.parse(f.read_text()))
+             if isinstance(n, ast.Attribute) and n.attr in private]
+    assert len(files) > 10 and not found, found

@@ -103,20 +103,23 @@ def test_stale_reason_by_pid_and_by_heartbeat(tmp_path):
     import sys
     import time
 
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db")
+    from falcon_lab.sweeps.study import SweepStudy
+
+    st = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/s.db")
+    study = optuna.create_study(study_name="s", storage=st)
     t = study.ask()
-    st = study._storage
+    tid = SweepStudy(study, st, st.get_study_id_from_name("s")).trial_id(t.number)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    st.set_trial_system_attr(t._trial_id, "falcon_lab:host", socket.gethostname())
-    st.set_trial_system_attr(t._trial_id, "falcon_lab:pid", dead.pid)
-    st.set_trial_system_attr(t._trial_id, "falcon_lab:heartbeat", time.time())
+    st.set_trial_system_attr(tid, "falcon_lab:host", socket.gethostname())
+    st.set_trial_system_attr(tid, "falcon_lab:pid", dead.pid)
+    st.set_trial_system_attr(tid, "falcon_lab:heartbeat", time.time())
     assert "is gone" in stale_reason(study.trials[0], grace=60)
-    st.set_trial_system_attr(t._trial_id, "falcon_lab:host", "another-host")
+    st.set_trial_system_attr(tid, "falcon_lab:host", "another-host")
     assert stale_reason(study.trials[0], grace=60) is None           # fresh heartbeat elsewhere
     assert "no heartbeat" in stale_reason(study.trials[0], grace=60, now=time.time() + 120)
-    st.set_trial_system_attr(t._trial_id, "falcon_lab:host", socket.gethostname())
-    st.set_trial_system_attr(t._trial_id, "falcon_lab:pid", os.getpid())
+    st.set_trial_system_attr(tid, "falcon_lab:host", socket.gethostname())
+    st.set_trial_system_attr(tid, "falcon_lab:pid", os.getpid())
     assert stale_reason(study.trials[0], grace=60) is None           # our own live process
 
 

@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import optuna
 import pytest
@@ -101,7 +100,7 @@ def test_shipped_spaces_match_the_fit_config():
         s = load_space(name)
         cfg = compose_fit(list(s.overrides))
         check_keys(s, cfg)
-        driver._check_corners(s, list(s.overrides), compose_fit, validate_fit)
+        driver.check_corners(s, list(s.overrides), compose_fit, validate_fit)
 
 
 def _space_file(path, key, choices):

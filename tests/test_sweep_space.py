@@ -6,7 +6,7 @@ import yaml
 
 from falcon_lab.sweep import UsageError, parse_args
 from falcon_lab.sweeps.space import (SearchSpaceError, available, format_value, load_space,
-                                     parse_space, trial_overrides)
+                                     trial_overrides)
 
 GOOD = {
     "metric": "val/loss",
@@ -143,6 +143,42 @@ def test_cli_argument_errors():
         parse_args(["ablation=smoke", "oops"])
     with pytest.raises(UsageError, match="grace= must be longer than heartbeat="):
         parse_args(["ablation=smoke", "heartbeat=10", "grace=5"])
+
+
+def test_cli_takes_hydra_overrides():
+    """Every argument is a Hydra override: typed options, quoting, +/~ fit overrides passed through."""
+    opts, fit = parse_args(["ablation=smoke", "n_trials=4", "report=yes", "study='my study'",
+                            "heartbeat=2", "+trainer.cpu_threads=1", "~debug", "optim.lr=1e-3",
+                            "storage=postgresql://u:p@db:5432/optuna?sslmode=require"])
+    assert opts["n_trials"] == 4 and opts["report"] is True and opts["study"] == "my study"
+    assert opts["timing"] == {"heartbeat": 2.0, "grace": 90.0} and opts["workers"] == 1
+    assert opts["storage"] == "postgresql://u:p@db:5432/optuna?sslmode=require"  # '=' in a value
+    assert fit == ["+trainer.cpu_threads=1", "~debug", "optim.lr=1e-3"]
+    for name in ("007", "1e3", "true"):  # names are the text as written, not Hydra-typed values
+        assert parse_args(["ablation=smoke", f"study={name}"])[0]["study"] == name
+    for arg, needle in [("workers=two", "workers=two: expected an integer"),
+                        ("n_trials=1.5", "n_trials=1.5: expected an integer"),
+                        ("grace=soon", "grace=soon: expected a number of seconds"),
+                        ("workers=null", "workers=null: expected an integer"),
+                        ("optim.lr=a=b", "optim.lr=a=b: not a Hydra override")]:
+        with pytest.raises(UsageError, match=needle):
+            parse_args(["ablation=smoke", arg])
+    with pytest.raises(UsageError, match="workers= given twice"):
+        parse_args(["ablation=smoke", "workers=2", "workers=3"])
+
+
+def test_cli_bad_keys_fail_at_start_naming_the_key(tmp_path, monkeypatch, capsys):
+    from falcon_lab.sweep import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["ablation=smoke", "worker=2"]) == 2
+    err = capsys.readouterr().err
+    assert "'worker'" in err and "did you mean the sweep option workers=" in err
+    assert main(["ablation=smoke", "trainer.max_stepz=3"]) == 2
+    assert "trainer.max_stepz" in capsys.readouterr().err
+    assert main(["ablation=smoke", "report=maybe"]) == 2
+    assert "report=maybe: expected true or false" in capsys.readouterr().err
+    assert not (tmp_path / "sweeps").exists() and not (tmp_path / "mlruns").exists()
 
 
 def test_study_rejects_a_changed_space(tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import statistics
 import time
@@ -29,6 +30,8 @@ from pathlib import Path
 import torch
 
 from falcon_lab.models.graph_step import GraphStep, state_leaves
+
+log = logging.getLogger(__name__)
 
 # name -> Hydra overrides of the packaged train config (the same groups `python -m falcon_lab.fit` uses)
 MIXERS: dict[str, list[str]] = {
@@ -362,8 +365,8 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=None
     if tokens_per_step is None:
         tokens_per_step = GPU_TOKENS_PER_STEP if device.type == "cuda" else CPU_TOKENS_PER_STEP
         if device.type == "cpu":  # 32768 tokens x 50304 logits is 6.6 GB of fp32 logits alone
-            print(f"[bench model] CPU: {tokens_per_step} tokens per step (the GPU default is "
-                  f"{GPU_TOKENS_PER_STEP}; set --tokens-per-step to change)", flush=True)
+            log.info("CPU: %d tokens per step (the GPU default is %d; set --tokens-per-step to change)",
+                     tokens_per_step, GPU_TOKENS_PER_STEP)
     try:
         import triton
 
@@ -504,7 +507,7 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=None
     jpath.write_text(json.dumps(res, indent=1))
     if verbose:
         print(md)
-        print(f"[bench model] wrote {jpath}")
+        log.info("wrote %s", jpath)
     return res
 
 
@@ -769,7 +772,7 @@ def merge_results(paths, out="benchmarks/results") -> dict:
     (outdir / f"model_{slug}.md").write_text(markdown(res))
     res["plots"] = plot(res, outdir, slug)
     jpath.write_text(json.dumps(res, indent=1))
-    print(f"[bench model] merged {len(paths)} file(s), {len(res['rows'])} rows -> {jpath}")
+    log.info("merged %d file(s), %d rows -> %s", len(paths), len(res["rows"]), jpath)
     return res
 
 

@@ -1,8 +1,11 @@
-"""Data: the embedded corpus, tokenizers, the LM datamodule and the datamodule registry."""
-from falcon_lab.data.registry import (  # noqa: F401
+"""Data: the embedded corpus, text sources, tokenizers, token shards, the LM datamodule and the registry."""
+from falcon_lab.data.registry import (
     available_datamodules,
     build_datamodule,
     get_datamodule_cls,
     register_datamodule,
 )
-from falcon_lab.data.tokenizer import ByteTokenizer, build_tokenizer  # noqa: F401
+from falcon_lab.data.tokenizer import ByteTokenizer, build_tokenizer
+
+__all__ = ["available_datamodules", "build_datamodule", "get_datamodule_cls", "register_datamodule",
+           "ByteTokenizer", "build_tokenizer"]

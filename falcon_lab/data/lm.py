@@ -1,26 +1,30 @@
 """The language-modelling datamodule (`data.name: lm`).
 
-Sources (`data.source`):
-- `kjv` (default): the embedded King James Bible, chapters as documents, hash split (corpus.py).
-- `text` / `jsonl`: local files (`data.path`: a file, a directory or a glob; `data.text_field` for jsonl;
-  `data.val_path` optional, otherwise a deterministic hash split of documents, `data.val_percent`).
-- `fineweb`: FineWeb-Edu through `datasets` streaming (needs the hub; not exercised in tests). The first
-  `data.max_tokens` tokens are tokenised once into a memory-mapped .npy under `data.cache_dir`.
+Sources (`data.source`, see sources.py): `kjv` (default; the embedded King James Bible), `text` / `jsonl`
+(local files), `hf` (a Hugging Face dataset on disk, parquet/arrow/jsonl/txt files, or a hub dataset from
+the local cache), `fineweb` (FineWeb-Edu streamed from the hub; not exercised in tests).
 
-Documents are encoded as [BOS] + tokens + [EOS] and packed into fixed rows of `seq_len` (+1 for the
-shifted labels). Labels are -100 where the input token is EOS (the next document's BOS is not a real
-prediction; ours). With `data.cu_seqlens: true` each batch also carries `cu_seqlens` over the flattened
-B*T tokens, so recurrent mixers reset their state at every document start (and at row starts).
+Documents are encoded by `data.doc_boundary`: `bos_eos` (default) [BOS] tokens [EOS], `eos` tokens [EOS]
+(GPT-2 style: EOS separates documents), `none` plain concatenation; then packed into fixed rows of
+`seq_len` (+1 for the shifted labels). With bos_eos the label is -100 where EOS is followed by the next
+document's BOS (not a real prediction; ours). `dm.eos_id`, `dm.bos_id` and `dm.doc_starts(split)` (offsets
+of the document starts in `dm.token_stream(split)`) expose the boundaries. With `data.cu_seqlens: true`
+each batch also carries `cu_seqlens` over the flattened B*T tokens, so recurrent mixers reset their state
+at every document start (and at row starts).
+
+With `data.cache_dir` set, the splits are tokenised once, in `prepare_data` (local rank 0; the other ranks
+wait), into memory-mapped shards every rank reads (shards.py); a rerun with the same corpus, tokenizer and
+settings reuses them, and a learned BPE is saved beside them and reused. Without it, each process
+tokenises in memory (fine for the embedded corpus and small files).
 
 Training order is a pure function of (seed, global batch index): resuming at global step s continues
 with exactly the batches an uninterrupted run would have seen, on any number of ranks.
 """
 from __future__ import annotations
 
-import glob
-import hashlib
-import json
+import logging
 import os
+import re
 import zlib
 from pathlib import Path
 
@@ -29,68 +33,33 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
-from falcon_lab.data.corpus import load_kjv
-from falcon_lab.data.registry import register_datamodule
-from falcon_lab.data.tokenizer import build_tokenizer
+from falcon_lab.data import shards
+from falcon_lab.data.sources import BOUNDARIES, Corpus
+from falcon_lab.data.tokenizer import BPETokenizer, build_tokenizer
 
 IGNORE = -100
-
-
-# ----------------------------------------------------------------------------------------- documents
-def _resolve_files(path: str, key: str = "data.path") -> list[str]:
-    p = os.path.expanduser(str(path))
-    if os.path.isdir(p):
-        files = sorted(
-            f for ext in ("*.txt", "*.jsonl", "*.json", "*.txt.gz", "*.jsonl.gz")
-            for f in glob.glob(os.path.join(p, "**", ext), recursive=True)
-        )
-    elif any(ch in p for ch in "*?["):
-        files = sorted(glob.glob(p, recursive=True))
-    else:
-        files = [p] if os.path.isfile(p) else []
-    if not files:
-        raise FileNotFoundError(f"{key}: no data files found at {path!r}")
-    return files
-
-
-def _local_documents(files: list[str], source: str, text_field: str, sample_by: str) -> list[str]:
-    import datasets
-
-    if source == "jsonl":
-        ds = datasets.load_dataset("json", data_files=files, split="train")
-        if text_field not in ds.column_names:
-            raise KeyError(f"data.text_field: field {text_field!r} not in {ds.column_names} of {files[0]}")
-        return [t for t in ds[text_field] if t]
-    ds = datasets.load_dataset("text", data_files=files, split="train", sample_by=sample_by)
-    return [t for t in ds["text"] if t and t.strip()]
-
-
-def _hash_split(docs: list[str], val_percent: float) -> dict[str, list[str]]:
-    out = {"train": [], "validation": []}
-    for i, d in enumerate(docs):
-        h = zlib.crc32(f"{i}".encode()) % 10000
-        out["validation" if h < val_percent * 100 else "train"].append(d)
-    return out
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------------------- packing
-def tokenize_documents(docs, tokenizer) -> np.ndarray:
-    """Concatenate [BOS] doc [EOS] ... as int32 (the byte tokenizer takes a numpy fast path)."""
+def tokenize_documents(docs, tokenizer, boundary: str = "bos_eos") -> np.ndarray:
+    """Concatenate the documents as int32, each as `boundary` says ([BOS] doc [EOS] by default)."""
     docs = list(docs)
     if not docs:
         return np.zeros(0, dtype=np.int32)
-    if hasattr(tokenizer, "encode_array"):
-        parts = [tokenizer.encode_array(t, add_bos=True, add_eos=True) for t in docs]
-    else:
-        parts = [np.asarray(tokenizer.encode(t, add_bos=True, add_eos=True), dtype=np.int32) for t in docs]
-    return np.concatenate(parts).astype(np.int32, copy=False)
+    return np.concatenate(shards.encode_documents(docs, tokenizer, boundary)).astype(np.int32, copy=False)
 
 
 class PackedRows(Dataset):
-    """Row i = stream[i*T : i*T + T + 1] -> (input_ids, labels)."""
+    """Row i = stream[i*T : i*T + T + 1] -> (input_ids, labels).
 
-    def __init__(self, stream: np.ndarray, seq_len: int, eos_id: int, pad_id: int):
-        self.stream, self.T, self.eos, self.pad = stream, int(seq_len), eos_id, pad_id
+    No loss (-100) on the step from one document's EOS to the next one's BOS (`boundary="bos_eos"`; without
+    `bos_id`, on every step from EOS), nor on predicting PAD where PAD is a token of its own."""
+
+    def __init__(self, stream: np.ndarray, seq_len: int, eos_id: int, pad_id: int, bos_id: int | None = None,
+                 boundary: str = "bos_eos"):
+        self.stream, self.T, self.eos, self.pad, self.bos = stream, int(seq_len), eos_id, pad_id, bos_id
+        self.boundary = boundary
         self.n = max(0, (len(stream) - 1) // self.T)
         if self.n == 0:
             raise ValueError(f"data.seq_len={seq_len}: the corpus split has only {len(stream)} tokens")
@@ -101,29 +70,46 @@ class PackedRows(Dataset):
     def __getitem__(self, i):
         row = torch.from_numpy(np.asarray(self.stream[i * self.T: i * self.T + self.T + 1], dtype=np.int64))
         x, y = row[:-1].clone(), row[1:].clone()
-        y[(x == self.eos) | (y == self.pad)] = IGNORE
+        mask = torch.zeros_like(x, dtype=torch.bool)
+        if self.boundary == "bos_eos":
+            mask |= (x == self.eos) if self.bos is None else (x == self.eos) & (y == self.bos)
+        if self.pad not in (self.eos, self.bos):
+            mask |= y == self.pad
+        y[mask] = IGNORE
         return x, y
 
 
-def make_collate(bos_id: int, with_cu_seqlens: bool):
+def make_collate(bos_id: int, with_cu_seqlens: bool, boundary: str = "bos_eos", eos_id: int | None = None):
     def collate(items):
         x = torch.stack([a for a, _ in items])
         y = torch.stack([b for _, b in items])
         batch = {"input_ids": x, "labels": y}
         if with_cu_seqlens:
-            batch["cu_seqlens"] = cu_seqlens_from_bos(x, bos_id)
+            batch["cu_seqlens"] = (cu_seqlens_from_eos(x, eos_id) if boundary == "eos"
+                                   else cu_seqlens_from_bos(x, bos_id if boundary == "bos_eos" else None))
         return batch
 
     return collate
 
 
-def cu_seqlens_from_bos(input_ids: torch.Tensor, bos_id: int) -> torch.LongTensor:
-    """Boundaries over the flattened [B*T] tokens: every row start and every BOS is a new sequence."""
-    B, T = input_ids.shape
-    starts = input_ids == bos_id
+def _cu_seqlens(starts: torch.Tensor) -> torch.LongTensor:
+    B, T = starts.shape
     starts[:, 0] = True
     idx = torch.nonzero(starts.reshape(-1), as_tuple=False).squeeze(1)
     return torch.cat([idx, idx.new_tensor([B * T])]).long()
+
+
+def cu_seqlens_from_bos(input_ids: torch.Tensor, bos_id: int | None) -> torch.LongTensor:
+    """Boundaries over the flattened [B*T] tokens: every row start and every BOS is a new sequence
+    (bos_id None: row starts only)."""
+    return _cu_seqlens(input_ids == bos_id if bos_id is not None else torch.zeros_like(input_ids, dtype=torch.bool))
+
+
+def cu_seqlens_from_eos(input_ids: torch.Tensor, eos_id: int) -> torch.LongTensor:
+    """Boundaries over the flattened [B*T] tokens: every row start and every token after an EOS."""
+    starts = torch.zeros_like(input_ids, dtype=torch.bool)
+    starts[:, 1:] = input_ids[:, :-1] == eos_id
+    return _cu_seqlens(starts)
 
 
 class StepBatchSampler(Sampler):
@@ -178,7 +164,6 @@ class StepDataLoader(DataLoader):
         pass
 
 
-@register_datamodule("lm")
 class LMDataModule(L.LightningDataModule):
     """Packed next-token prediction on a text corpus. Batches: {"input_ids", "labels"[, "cu_seqlens"]}."""
 
@@ -186,93 +171,189 @@ class LMDataModule(L.LightningDataModule):
         super().__init__()
         self.cfg = cfg
         self.seed = int(cfg.get("seed", seed) if cfg.get("seed", None) is not None else seed)
-        name = cfg.get("tokenizer", "byte")
-        if name == "bpe":
-            if cfg.get("source", "kjv") == "fineweb":
-                raise ValueError("data.tokenizer=bpe is not supported with data.source=fineweb (use gpt2)")
-            self.tokenizer = build_tokenizer("bpe", self.documents("train"), int(cfg.get("bpe_vocab_size") or 4096))
-        else:
-            self.tokenizer = build_tokenizer(name)
+        self.source = str(cfg.get("source", "kjv"))
+        self.corpus = Corpus(cfg)
+        self.doc_boundary = str(cfg.get("doc_boundary") or "bos_eos")
+        if self.doc_boundary not in BOUNDARIES:
+            raise ValueError(f"data.doc_boundary: {self.doc_boundary!r} is not one of {', '.join(BOUNDARIES)}")
         self.seq_len = int(cfg.seq_len)
         self.batch_size = int(cfg.batch_size)
         self.val_batch_size = int(cfg.get("val_batch_size") or cfg.batch_size)
         self.total_train_batches = None  # set by the training run (max_steps * accumulate)
         self._rows: dict[str, PackedRows] = {}
+        self._streams: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._shard_dir: Path | None | bool = False  # False: not computed yet
+        self.tokenizer = self._build_tokenizer()
+
+    # -- boundaries
+    @property
+    def eos_id(self) -> int:
+        return self.tokenizer.eos_id
+
+    @property
+    def bos_id(self) -> int:
+        return self.tokenizer.bos_id
+
+    def doc_starts(self, split: str) -> np.ndarray:
+        """Offsets of the document starts in `token_stream(split)` (int64; the EOS before each start, the BOS
+        at it, or neither, by data.doc_boundary)."""
+        self.token_stream(split)
+        return self._streams[self._split(split)][1]
+
+    # -- tokenizer
+    def _build_tokenizer(self):
+        name = str(self.cfg.get("tokenizer", "byte"))
+        if name != "bpe":
+            return build_tokenizer(name)
+        if self.source == "fineweb":
+            raise ValueError("data.tokenizer=bpe is not supported with data.source=fineweb (use gpt2)")
+        folder = self.shard_dir()
+        saved = folder / "tokenizer.json" if folder is not None else None
+        if saved is not None and saved.is_file():
+            return BPETokenizer(saved.read_text(), source=str(saved))
+        tok = BPETokenizer.train(self._iter_texts("train"), int(self.cfg.get("bpe_vocab_size") or 4096))
+        if saved is not None:  # the first process to finish wins; every process then uses its file
+            tok = BPETokenizer(shards.write_text_once(saved, tok.to_json()), source=str(saved))
+            log.info("data: learned a %d-token BPE on the training split, saved to %s", tok.n_tokens, saved)
+        return tok
+
+    def _tokenizer_identity(self) -> str:
+        if str(self.cfg.get("tokenizer", "byte")) == "bpe":  # learned from the corpus and these settings
+            return f"bpe:{int(self.cfg.get('bpe_vocab_size') or 4096)}"
+        tok = self.tokenizer
+        return tok.identity() if hasattr(tok, "identity") else str(getattr(tok, "name", type(tok).__name__))
 
     # -- documents per split
-    def documents(self, split: str) -> list[str]:
-        src = self.cfg.get("source", "kjv")
-        if src == "kjv":
-            return [d["text"] for d in load_kjv(split)]
-        if src in ("text", "jsonl"):
-            if not self.cfg.get("path"):
-                raise ValueError(f"data.path is required for data.source={src}")
-            files = _resolve_files(self.cfg.path)
-            sample_by = self.cfg.get("sample_by", "document")
-            field = self.cfg.get("text_field", "text")
-            if self.cfg.get("val_path"):
-                if split == "train":
-                    return _local_documents(files, src, field, sample_by)
-                return _local_documents(_resolve_files(self.cfg.val_path, "data.val_path"), src, field, sample_by)
-            docs = _hash_split(_local_documents(files, src, field, sample_by), float(self.cfg.get("val_percent", 2.0)))
-            return docs["train" if split == "train" else "validation"]
-        if src == "fineweb":
-            return None  # handled by _fineweb_stream
-        raise ValueError(f"data.source: unknown source {src!r} (kjv | text | jsonl | fineweb)")
+    def _split(self, split: str) -> str:
+        return "validation" if split == "test" and "test" not in self.corpus.split_names() else split
 
-    def _cache_path(self, split: str) -> Path | None:
-        cache = self.cfg.get("cache_dir")
-        if not cache:
-            return None
-        key = json.dumps({k: str(self.cfg.get(k)) for k in ("source", "path", "val_path", "text_field",
-                          "tokenizer", "bpe_vocab_size", "sample_by", "val_percent", "max_tokens", "hf_name", "hf_config")}
-                         | {"split": split}, sort_keys=True)
-        return Path(cache).expanduser().resolve() / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.npy"
+    def documents(self, split: str) -> list[str] | None:
+        """The texts of a split as a list (None for the streamed fineweb)."""
+        texts = self.corpus.split(split)
+        return None if texts is None else list(texts)
 
-    def _fineweb_stream(self, split: str) -> np.ndarray:
+    def _text_batches(self, split: str, size: int = 1024):
+        if self.source == "fineweb":
+            yield from self._fineweb_batches(split, size)
+            return
+        texts = self.corpus.split(split)
+        if hasattr(texts, "batches"):
+            yield from texts.batches(size)
+        else:
+            for i in range(0, len(texts), size):
+                yield texts[i: i + size]
+
+    def _iter_texts(self, split: str):
+        for b in self._text_batches(split):
+            yield from b
+
+    def _budget(self, split: str) -> int | None:
+        mt = self.cfg.get("max_tokens")
+        if self.source == "fineweb":
+            budget = int(mt or 50_000_000)
+            return budget if split == "train" else max(budget // 100, self.seq_len * 64)
+        return int(mt) if mt and split == "train" else None
+
+    def _fineweb_batches(self, split: str, size: int):
         import datasets
 
         name = self.cfg.get("hf_name", "HuggingFaceFW/fineweb-edu")
-        ds = datasets.load_dataset(name, self.cfg.get("hf_config", "sample-10BT"), split="train", streaming=True)
-        budget = int(self.cfg.get("max_tokens") or 50_000_000)
-        if split != "train":
-            budget = max(budget // 100, self.seq_len * 64)
-        field = self.cfg.get("text_field", "text")
-        chunks, n = [], 0
-        for i, ex in enumerate(ds):
-            is_val = zlib.crc32(str(i).encode()) % 100 < 1  # ours: 1% of documents held out
-            if is_val != (split != "train"):
-                continue
-            ids = np.asarray(self.tokenizer.encode(ex[field], add_bos=True, add_eos=True), dtype=np.int32)
-            chunks.append(ids)
-            n += len(ids)
-            if n >= budget:
-                break
-        return np.concatenate(chunks)
+        try:
+            ds = datasets.load_dataset(name, self.cfg.get("hf_config", "sample-10BT"), split="train", streaming=True)
+            field = str(self.cfg.get("text_field") or "text")
+            batch = []
+            for i, ex in enumerate(ds):
+                is_val = zlib.crc32(str(i).encode()) % 100 < 1  # ours: 1% of documents held out
+                if is_val == (split != "train"):
+                    batch.append(ex[field])
+                    if len(batch) == size:
+                        yield batch
+                        batch = []
+            if batch:
+                yield batch
+        except (ConnectionError, OSError) as e:
+            raise ConnectionError(
+                f"data=fineweb streams {name} from the Hugging Face Hub, which could not be reached "
+                f"({type(e).__name__}: {str(e)[:200]}). Offline, use a copy on disk: data=hf data.path=<folder> "
+                f"(save_to_disk or parquet files), or data=hf data.hf_name={name} data.hf_config=... once it is "
+                f"in the local cache") from None
+
+    # -- token shards
+    def shard_dir(self) -> Path | None:
+        """The shard folder of these settings under data.cache_dir (None without a cache_dir)."""
+        if self._shard_dir is not False:
+            return self._shard_dir
+        cache = self.cfg.get("cache_dir")
+        if not cache:
+            self._shard_dir = None
+            return None
+        c = self.cfg
+        inputs = {"format": shards.FORMAT, "source": self.source, "corpus": self.corpus.fingerprint(),
+                  "tokenizer": self._tokenizer_identity(), "doc_boundary": self.doc_boundary,
+                  "max_tokens": c.get("max_tokens"), "val_percent": c.get("val_percent", 2.0),
+                  "sample_by": c.get("sample_by", "document"),
+                  "column": c.get("text_column") or c.get("text_field") or "text",
+                  "splits": [c.get("train_split"), c.get("val_split")]}
+        if self.source == "fineweb":
+            inputs["val_budget"] = self._budget("validation")
+        what = {"hf": c.get("path") or c.get("hf_name"), "text": c.get("path"), "jsonl": c.get("path")}.get(self.source)
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(str(what)).name)[:40] if what else ""
+        name = "-".join(x for x in (self.source, slug, shards.shard_key(inputs)) if x)
+        self._shard_dir = Path(os.path.expanduser(str(cache))).resolve() / name
+        self._shard_inputs = inputs
+        return self._shard_dir
+
+    def prepare_data(self):
+        """Tokenise every split into the shards once (Lightning calls this on local rank 0 only)."""
+        if self.shard_dir() is not None:
+            self._ensure_shards()
+
+    def _ensure_shards(self) -> dict:
+        folder = self.shard_dir()
+        meta = shards.read_meta(folder)
+        if meta is not None:
+            return meta
+        tok = self.tokenizer
+        dtype = shards.token_dtype(tok.vocab_size)
+        info = {}
+        for split in self.corpus.split_names():
+            info[split] = shards.write_split(folder, split, self._text_batches(split), tok, self.doc_boundary,
+                                             dtype, self._budget(split))
+        if hasattr(tok, "to_json") and not (folder / "tokenizer.json").is_file():
+            shards.write_text_atomic(folder / "tokenizer.json", tok.to_json())
+        meta = {"format": shards.FORMAT, "dtype": np.dtype(dtype).name, "splits": info,
+                "bos_id": tok.bos_id, "eos_id": tok.eos_id, "pad_id": tok.pad_id, "vocab_size": tok.vocab_size,
+                "tokenizer": getattr(tok, "name", None), "doc_boundary": self.doc_boundary,
+                "inputs": self._shard_inputs}
+        shards.write_meta(folder, meta)
+        log.info("data: tokenised into %s (%s)", folder,
+                 ", ".join(f"{s} {v['tokens']:,} tokens / {v['documents']:,} docs" for s, v in info.items()))
+        return meta
 
     def token_stream(self, split: str) -> np.ndarray:
-        path = self._cache_path(split)
-        if path is not None and path.exists():
-            return np.load(path, mmap_mode="r")
-        if self.cfg.get("source", "kjv") == "fineweb":
-            stream = self._fineweb_stream(split)
-        else:
-            stream = tokenize_documents(self.documents(split), self.tokenizer)
-            mt = self.cfg.get("max_tokens")
-            if mt and split == "train":
-                stream = stream[: int(mt)]
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
-            np.save(tmp, stream)
-            os.replace(tmp, path)
-            return np.load(path, mmap_mode="r")
-        return stream
+        split = self._split(split)
+        if split not in self._streams:
+            folder = self.shard_dir()
+            if folder is not None:
+                self._streams[split] = shards.read_split(folder, split, self._ensure_shards())
+            else:
+                self._streams[split] = shards.tokenize_in_memory(self._text_batches(split), self.tokenizer,
+                                                                 self.doc_boundary, self._budget(split))
+        return self._streams[split][0]
 
     def rows(self, split: str) -> PackedRows:
         if split not in self._rows:
-            self._rows[split] = PackedRows(self.token_stream(split), self.seq_len,
-                                           self.tokenizer.eos_id, self.tokenizer.pad_id)
+            stream = self.token_stream(split)
+            try:
+                self._rows[split] = PackedRows(stream, self.seq_len, self.tokenizer.eos_id, self.tokenizer.pad_id,
+                                               self.tokenizer.bos_id, self.doc_boundary)
+            except ValueError:
+                where = {"kjv": "the embedded corpus", "fineweb": "fineweb"}.get(
+                    self.source, f"data.path={self.cfg.get('path')}" if self.cfg.get("path")
+                    else f"data.hf_name={self.cfg.get('hf_name')}")
+                raise ValueError(f"data.seq_len={self.seq_len}: the {split} split of {where} has only {len(stream)} "
+                                 f"tokens; a row needs seq_len + 1 (more text, a smaller seq_len, or another "
+                                 f"data.val_percent / validation split)") from None
         return self._rows[split]
 
     def setup(self, stage=None):
@@ -280,7 +361,8 @@ class LMDataModule(L.LightningDataModule):
         self.rows("validation")
 
     def _collate(self):
-        return make_collate(self.tokenizer.bos_id, bool(self.cfg.get("cu_seqlens", False)))
+        return make_collate(self.tokenizer.bos_id, bool(self.cfg.get("cu_seqlens", False)), self.doc_boundary,
+                            self.tokenizer.eos_id)
 
     def train_dataloader(self):
         rows = self.rows("train")
@@ -306,5 +388,5 @@ class LMDataModule(L.LightningDataModule):
                           num_workers=int(self.cfg.get("num_workers", 0)))
 
     def test_dataloader(self):
-        return DataLoader(self.rows("test") if self.cfg.get("source", "kjv") == "kjv" else self.rows("validation"),
+        return DataLoader(self.rows("test") if self.source == "kjv" else self.rows("validation"),
                           batch_size=self.val_batch_size, shuffle=False, collate_fn=self._collate())

@@ -10,6 +10,7 @@ tagged ``eval.source_ckpt`` and with the checkpoint's mixer/variant tags so comp
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
 
 SUITES = ("ppl", "lm_eval", "addition", "mqar", "passkey")
 DEFAULT_MQAR_GRID = [(4, 64), (8, 64), (16, 128), (32, 256)]
@@ -132,8 +135,8 @@ class MlflowSink:
         except Exception:
             return None
         if len(runs) > 1:
-            print(f"[falcon_lab] {len(runs)} MLflow runs used {run_dir}; logging to the latest, "
-                  f"{runs[0].info.run_id} (mlflow.run_id= to choose)")
+            log.info("%d MLflow runs used %s; logging to the latest, %s (mlflow.run_id= to choose)",
+                     len(runs), run_dir, runs[0].info.run_id)
         return runs[0].info.run_id if runs else None
 
     def log_metrics(self, metrics: dict, step: int = 0):

@@ -23,20 +23,20 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(open(argv[0]).read())
     import optuna
 
+    from falcon_lab import logs
     from falcon_lab.sweeps.pruning import StepPruningCallback
     from falcon_lab.sweeps.runner import load_runner
-    from falcon_lab.sweeps.storage import open_storage
 
+    logs.setup()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     trial = None
     if _rank_zero():
         from falcon_lab.sweeps.space import load_space
+        from falcon_lab.sweeps.study import trial_in_job
 
         # the study's pruner decides should_prune(): rebuild it from the search space
         pruner = load_space(spec["space_path"]).make_pruner()
-        study = optuna.load_study(study_name=spec["study_name"],
-                                  storage=open_storage(spec["storage"]), pruner=pruner)
-        trial = optuna.trial.Trial(study, spec["trial_id"])
+        trial = trial_in_job(spec["storage"], spec["study_name"], spec["trial_number"], pruner)
     cb = StepPruningCallback(trial, spec["metric"], spec["direction"])
     out: dict = {}
     try:

@@ -122,10 +122,13 @@ def describe(url: str) -> str:
 
 # ---- heartbeats ----------------------------------------------------------------------------------
 class Heartbeat:
-    """Stamp a RUNNING trial with host/pid and refresh its heartbeat in a daemon thread."""
+    """Stamp a RUNNING trial with host/pid and refresh its heartbeat in a daemon thread.
 
-    def __init__(self, study, trial_id: int, interval: float) -> None:
-        self.storage = study._storage
+    ``storage`` is the Optuna storage object the sweep opened; ``trial_id`` the trial's id in it
+    (:meth:`falcon_lab.sweeps.study.SweepStudy.trial_id`)."""
+
+    def __init__(self, storage, trial_id: int, interval: float) -> None:
+        self.storage = storage
         self.trial_id = trial_id
         self.interval = max(0.2, float(interval))
         self._stop = threading.Event()
@@ -183,20 +186,23 @@ def stale_reason(trial, grace: float, now: float | None = None) -> str | None:
     return None
 
 
-def recover_stale(study, grace: float, max_retry: int = 2) -> list[int]:
-    """Fail stale RUNNING trials and re-enqueue their parameters; returns the failed numbers."""
+def recover_stale(sweep, grace: float, max_retry: int = 2) -> list[int]:
+    """Fail stale RUNNING trials and re-enqueue their parameters; returns the failed numbers.
+
+    ``sweep``: a :class:`falcon_lab.sweeps.study.SweepStudy` (the study, and the storage it is in)."""
     import optuna
     from optuna.trial import TrialState
 
+    study, storage = sweep.study, sweep.storage
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         reason = stale_reason(t, grace)
         if reason is None:
             continue
-        storage = study._storage
         try:
-            storage.set_trial_user_attr(t._trial_id, "fail_reason", f"stale: {reason}")
-            if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+            tid = sweep.trial_id(t.number)
+            storage.set_trial_user_attr(tid, "fail_reason", f"stale: {reason}")
+            if not storage.set_trial_state_values(tid, state=TrialState.FAIL):
                 continue
         except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError):
             continue  # another worker (or the owner itself) got there first

@@ -2,6 +2,7 @@
 sweep driver. `load_checkpoint(path)`: (model, tokenizer, cfg) for evaluation."""
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -10,6 +11,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from falcon_lab.training.validate import ConfigError, load_checkpoint_safely, validate_config
+
+log = logging.getLogger(__name__)
 
 TRAINER_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision", "max_steps",
                 "val_check_interval", "limit_val_batches", "limit_train_batches", "log_every_n_steps",
@@ -116,10 +119,10 @@ def _save_on_interrupt(path, logger):
                 return
             try:
                 trainer.save_checkpoint(str(self.path))
-                print(f"\n[falcon_lab] interrupted at step {trainer.global_step}: saved {self.path} "
-                      f"(resume with ckpt_path={self.path})", flush=True)
+                log.info("interrupted at step %d: saved %s (resume with ckpt_path=%s)",
+                         trainer.global_step, self.path, self.path)
             except Exception as e:  # the interrupt must still end the run
-                print(f"[falcon_lab] warning: interrupted, but could not save {self.path}: {e}", flush=True)
+                log.warning("interrupted, but could not save %s: %s", self.path, e)
 
     return SaveOnInterrupt(path, logger)
 
@@ -218,7 +221,7 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
             try:
                 logger.log_hyperparams(_flat_params(cfg))
             except Exception as e:  # resuming a run with changed settings: MLflow params are immutable
-                print(f"[falcon_lab] warning: params not re-logged to run {run_id}: {str(e)[:200]}")
+                log.warning("params not re-logged to run %s: %s", run_id, str(e)[:200])
                 logger.experiment.set_tag(run_id, "resumed_with_changed_params", "true")
             logger.experiment.set_tag(run_id, "run_dir", str(run_dir))
             logger.experiment.set_tag(run_id, "params_total", str(module.model.num_params()))
@@ -248,7 +251,7 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
                     if png:
                         logger.experiment.log_artifact(run_id, png)
                 except Exception as e:  # artifacts must not turn a finished run into a failure
-                    print(f"[falcon_lab] warning: could not log artifacts: {e}")
+                    log.warning("could not log artifacts: %s", e)
             logger.finalize(status)
             if status in ("failed", "killed") and before is not None and ckpt_step is not None and \
                     int(trainer.global_step) <= ckpt_step:
@@ -293,10 +296,10 @@ def _restore_run(logger, before) -> None:
                 client.set_tag(rid, k, v)
         if before["status"] in ("FINISHED", "FAILED", "KILLED"):
             client.set_terminated(rid, before["status"], end_time=before["end_time"])
-        print(f"[falcon_lab] the resume failed before training a step: MLflow run {rid} left as it was "
-              f"({before['status']})")
+        log.info("the resume failed before training a step: MLflow run %s left as it was (%s)",
+                 rid, before["status"])
     except Exception as e:
-        print(f"[falcon_lab] warning: could not restore MLflow run {rid} after the failed resume: {e}")
+        log.warning("could not restore MLflow run %s after the failed resume: %s", rid, e)
 
 
 def _flat_params(cfg) -> dict:

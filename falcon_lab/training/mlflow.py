@@ -6,11 +6,14 @@ Tracking URI: $MLFLOW_TRACKING_URI > logger.tracking_uri > sqlite:///<cwd>/mlrun
 """
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 from pathlib import Path
 
 from omegaconf import OmegaConf
+
+log = logging.getLogger(__name__)
 
 
 def resolve_tracking_uri(logger_cfg=None) -> str:
@@ -249,7 +252,7 @@ def _retrying_logger_cls():
                                   UserWarning, stacklevel=2)
                 return False
             if self._next_try:
-                print(f"[falcon_lab] MLflow store answers again: buffered metrics written to run {run_id}")
+                log.info("MLflow store answers again: buffered metrics written to run %s", run_id)
             self._next_try = 0.0
             return True
 
@@ -262,8 +265,8 @@ def _retrying_logger_cls():
             if self.killed:
                 status = "KILLED"
             if not self._flush(self.retry_s):
-                print(f"[falcon_lab] warning: MLflow store still unavailable after {self.retry_s:.0f} s; "
-                      f"{len(self._pending)} metric values of run {self.run_id} could not be written")
+                log.warning("MLflow store still unavailable after %.0f s; %d metric values of run %s "
+                            "could not be written", self.retry_s, len(self._pending), self.run_id)
                 self._pending.clear()
             if self._checkpoint_callback:
                 self._scan_and_log_checkpoints(self._checkpoint_callback)
@@ -272,8 +275,8 @@ def _retrying_logger_cls():
             except Exception as e:
                 if not _is_transient(e):
                     raise
-                print(f"[falcon_lab] warning: could not mark MLflow run {self.run_id} {status}: "
-                      f"{str(e).splitlines()[0][:160]}")
+                log.warning("could not mark MLflow run %s %s: %s", self.run_id, status,
+                            str(e).splitlines()[0][:160])
 
     return RetryingMLFlowLogger
 

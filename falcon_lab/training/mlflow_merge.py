@@ -16,12 +16,15 @@ adds nothing (runs already copied are skipped). Parent/child links (sweeps) are 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
 SOURCE_TAG = "merge.source_run_id"
 PARENT_TAG = "mlflow.parentRunId"
+
+log = logging.getLogger(__name__)
 
 
 def _uri(s: str) -> str:
@@ -55,7 +58,7 @@ def _chunks(xs, n):
 def copy_runs(src_uri: str, dst_uri: str, experiment_name: str | None = None, verbose: bool = True) -> list:
     """Copy every run of every non-empty experiment of `src_uri` into `dst_uri` (into `experiment_name`
     if given, else an experiment of the same name). Returns [(src_run_id, dst_run_id or None if skipped)]."""
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
     from falcon_lab.training.mlflow import resolve_artifact_location
@@ -100,9 +103,9 @@ def copy_runs(src_uri: str, dst_uri: str, experiment_name: str | None = None, ve
             done[rid] = nid
             out.append((rid, nid))
             if verbose:
-                print(f"[mlflow_merge] {exp.name}/{r.info.run_name or rid} -> {name} ({nid}); "
-                      f"{len(params)} params, {len(metrics)} metric points"
-                      + ("" if art is not None else ", no artifacts found"), flush=True)
+                log.info("%s/%s -> %s (%s); %d params, %d metric points%s", exp.name,
+                         r.info.run_name or rid, name, nid, len(params), len(metrics),
+                         "" if art is not None else ", no artifacts found")
     return out
 
 
@@ -112,6 +115,9 @@ def main(argv=None) -> int:
     ap.add_argument("--into", required=True, help="destination tracking URI or mlflow.db path")
     ap.add_argument("--experiment", default=None, help="put every run into this experiment")
     a = ap.parse_args(argv)
+    from falcon_lab import logs
+
+    logs.setup()
     dst = a.into if "://" in a.into else f"sqlite:///{Path(a.into).resolve()}"
     if dst.startswith("sqlite:///"):
         Path(dst[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)

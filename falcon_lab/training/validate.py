@@ -181,24 +181,13 @@ def validate_config(cfg: DictConfig) -> None:
         get_datamodule_cls(_need(cfg, "data.name"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if cfg.data.name == "lm":
-        src = cfg.data.get("source", "kjv")
-        if src not in ("kjv", "text", "jsonl", "fineweb"):
-            raise ConfigError(f"data.source: {src!r} is not one of kjv, text, jsonl, fineweb")
-        if src in ("text", "jsonl"):
-            path = cfg.data.get("path")
-            if not path:
-                raise ConfigError(f"data.path: required for data.source={src}")
-            from falcon_lab.data.lm import _resolve_files
+    if cfg.data.name == "lm":  # source, paths, document boundary, tokenizer (its files for gpt2)
+        from falcon_lab.data.sources import check_lm_config
 
-            try:
-                _resolve_files(path)
-                if cfg.data.get("val_path"):
-                    _resolve_files(cfg.data.val_path, "data.val_path")
-            except FileNotFoundError as e:
-                raise ConfigError(str(e)) from None
-        if cfg.data.get("tokenizer", "byte") not in ("byte", "bpe", "gpt2", "tiktoken"):
-            raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} is not one of byte, bpe, gpt2")
+        try:
+            check_lm_config(cfg.data)
+        except (ValueError, FileNotFoundError) as e:
+            raise ConfigError(str(e)) from None
     # ---- checkpoints
     top_k = (cfg.get("checkpoint") or {}).get("save_top_k", 1)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < -1:

@@ -1,7 +1,7 @@
-"""Lightning datamodules for the synthetic tasks, registered as ``data.name: addition`` and
-``data.name: mqar``. Batches follow the platform's convention: {"input_ids" [B, T], "labels" [B, T]}
-with labels already shifted (``labels[:, t]`` is the token after ``input_ids[:, t]``) and -100
-where no loss is taken.
+"""Lightning datamodules for the synthetic tasks, ``data.name: addition`` and ``data.name: mqar``
+(named in :mod:`falcon_lab.data.registry`). Batches follow the platform's convention:
+{"input_ids" [B, T], "labels" [B, T]} with labels already shifted (``labels[:, t]`` is the token
+after ``input_ids[:, t]``) and -100 where no loss is taken.
 
 Training order is a pure function of (seed, global example index), and the loader starts at the
 trainer's global step, so a resumed run continues with the examples an uninterrupted run would
@@ -16,7 +16,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from falcon_lab.data.lm import StepDataLoader
-from falcon_lab.data.registry import register_datamodule
 from falcon_lab.data.tasks.addition import AdditionTask
 from falcon_lab.data.tasks.mqar import MQARSpec, make_mqar
 from falcon_lab.data.tokenizer import build_tokenizer
@@ -92,7 +91,6 @@ class _TaskDataModule(L.LightningDataModule):
                               num_workers=self.num_workers)
 
 
-@register_datamodule("addition")
 class AdditionDataModule(_TaskDataModule):
     """Variable-length addition (see :mod:`falcon_lab.data.tasks.addition`). Each example is
     ``[BOS] prompt answer [EOS]`` with loss on the answer and EOS only. Validation batches are the
@@ -145,7 +143,6 @@ class AdditionDataModule(_TaskDataModule):
                           collate_fn=self.collate)
 
 
-@register_datamodule("mqar")
 class MQARDataModule(_TaskDataModule):
     """Multi-query associative recall (see :mod:`falcon_lab.data.tasks.mqar`). Training examples
     mix ``num_kv_pairs`` (a list: one drawn per example) at ``seq_len``; validation is a fixed set
