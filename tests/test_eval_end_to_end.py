@@ -44,7 +44,7 @@ def test_evaluate_end_to_end_logs_to_training_run(trained):
     from falcon_lab.training import load_checkpoint
     tmp, uri, res = trained
     ckpt = res["last_ckpt_path"]
-    ecfg = compose_eval([f"ckpt={ckpt}", "suites=[ppl,lm_eval,addition,mqar,passkey]", "device=cpu",
+    ecfg = compose_eval([f"ckpt={ckpt}", "suites=[ppl,lm_eval,addition,mqar,passkey]", "device=cpu", "fit_check=false",
                          "ppl.max_docs=3", "ppl.max_chars=3000", "ppl.extrapolation.n_windows=2",
                          "addition.n_examples=3", "addition.widths=[33,48]", "addition.val_widths=[1,3]",
                          "+addition.task.val_per_width=3", "mqar.grid=[[2,16]]", "mqar.n_examples=4",
@@ -92,13 +92,16 @@ def test_evaluate_rejects_bad_config(trained):
         evaluate(compose_eval([]))
     with pytest.raises(EvalConfigError, match="suites"):
         evaluate(compose_eval([f"ckpt={res['last_ckpt_path']}", "suites=[ppl,bogus]"]))
+    # a text checkpoint: the synthetic-task suites are refused up front, naming why
+    with pytest.raises(EvalConfigError, match=r"(?s)addition: the checkpoint was trained on data.name='lm'.*fit_check"):
+        evaluate(compose_eval([f"ckpt={res['last_ckpt_path']}", "suites=[ppl,addition]", "device=cpu"]))
 
 
 def test_compare_gathers_experiment(trained):
     from falcon_lab.compare import compare
     from falcon_lab.evaluation.runner import compose_eval, evaluate
     tmp, uri, res = trained
-    evaluate(compose_eval([f"ckpt={res['last_ckpt_path']}", "suites=[mqar,addition]", "mqar.grid=[[2,16]]",
+    evaluate(compose_eval([f"ckpt={res['last_ckpt_path']}", "suites=[mqar,addition]", "fit_check=false", "mqar.grid=[[2,16]]",
                            "mqar.n_examples=2", "addition.n_examples=2", "addition.widths=[33]",
                            "addition.val_widths=[2]", "addition.free_running=false", "device=cpu"]))
     from falcon_lab.sweeps.tracking import open_parent
@@ -227,7 +230,7 @@ def test_evaluate_finds_run_by_run_dir_or_creates_one(trained, tmp_path):
     ck.pop("falcon_lab", None)
     bare = Path(res["last_ckpt_path"]).parent / "bare.ckpt"
     torch.save(ck, bare)
-    small = ["suites=[mqar]", "mqar.grid=[[2,16]]", "mqar.n_examples=2", "device=cpu"]
+    small = ["suites=[mqar]", "fit_check=false", "mqar.grid=[[2,16]]", "mqar.n_examples=2", "device=cpu"]
     out = evaluate(compose_eval([f"ckpt={bare}"] + small))
     assert out["run_id"] == res["run_id"]
     elsewhere = tmp_path / "moved.ckpt"

@@ -35,7 +35,8 @@ def lm_and_model():
     torch.manual_seed(5)
     model = PrefixSumLM(torch.randn(259, 259))
     tok = ToyByteTokenizer()
-    return FalconLabLM(model=model, tokenizer=tok, batch_size=3, max_length=48), model, tok
+    # carry_state=False: the windowed (attention) path; the recurrent path is tests/test_eval_fit.py
+    return FalconLabLM(model=model, tokenizer=tok, batch_size=3, max_length=48, carry_state=False), model, tok
 
 
 def direct_logprob(model, ids_ctx, ids_cont, max_length=48):

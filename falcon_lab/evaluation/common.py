@@ -89,16 +89,72 @@ class ContinuationScore:
     token_logprobs: list[float]
 
 
+def is_recurrent(model, probe_len: int = 1 << 16) -> bool:
+    """True for a model whose decode state has a fixed size whatever the context (Falcon and the other
+    non-attention mixers): it has ``init_state``/``step`` and ``state_numel(1, T)`` does not grow with
+    T. Attention (a KV cache that grows), hybrids and models without ``state_numel`` are not."""
+    fn = getattr(model, "state_numel", None)
+    if not has_recurrent_step(model) or not callable(fn):
+        return False
+    try:
+        return int(fn(1, 16)) == int(fn(1, probe_len))
+    except Exception:
+        return False
+
+
+def _prefill(model, ids, state):
+    """(logits [B, T, V], state) after ``ids`` [B, T] from ``state``: ``model.prefill`` when the model
+    has it (the parallel/chunked forward), else one ``step`` per position."""
+    fn = getattr(model, "prefill", None)
+    if callable(fn):
+        return fn(ids, state)
+    outs = []
+    for t in range(ids.shape[1]):
+        lg, state = model.step(ids[:, t], state)
+        outs.append(lg)
+    return torch.stack(outs, dim=1), state
+
+
+def _finish(pairs, idx, nc, lp):
+    """ContinuationScore of pair ``idx`` from the log-softmax rows ``lp`` [nc, V] of its continuation."""
+    gold = torch.tensor(pairs[idx][1][-nc:] if nc else [], dtype=torch.long, device=lp.device)
+    tok_lp = lp.gather(-1, gold[:, None])[:, 0]
+    correct = (lp.argmax(-1) == gold)
+    return ContinuationScore(float(tok_lp.double().sum()), bool(correct.all()), nc, int(correct.sum()),
+                             tok_lp.tolist())
+
+
+def _window_pieces(ctx, cont, max_length):
+    """A continuation longer than the window, scored as consecutive pieces of at most ``max_length``
+    tokens, each after the ``max_length`` tokens before it (lm-eval's rolling windows): [(inp, n)]."""
+    full, out = ctx + cont, []
+    for a in range(0, len(cont), max_length):
+        b = min(a + max_length, len(cont))
+        end = len(ctx) + b
+        out.append((full[:end - 1][-max_length:], b - a))
+    return out
+
+
 @torch.no_grad()
 def score_continuations(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
                         batch_size: int = 16, max_length: int | None = None, pad_id: int = 0,
-                        progress: bool = False, desc: str = "scoring") -> list[ContinuationScore]:
+                        progress: bool = False, desc: str = "scoring",
+                        carry_state: bool = False) -> list[ContinuationScore]:
     """Teacher-forced scoring of ``continuation`` after ``context`` for each (context, continuation)
-    token-id pair (context must be non-empty). The input is ``(context + continuation)[:-1]``, left-
-    truncated to ``max_length`` tokens; the last ``len(continuation)`` positions are scored. Batches
-    are right-padded (causal models ignore what follows) and sorted by length to waste little."""
+    token-id pair (context must be non-empty). The input is ``(context + continuation)[:-1]``; the last
+    ``len(continuation)`` positions are scored. Batches are right-padded (causal models ignore what
+    follows) and sorted by length to waste little.
+
+    Inputs longer than ``max_length``:
+
+    - ``carry_state`` (recurrent models, :func:`is_recurrent`): the whole input is read in segments of
+      ``max_length`` positions, the state carried from one to the next (``model.prefill``, else
+      ``model.step``): no context limit, the exact full-context score;
+    - else (attention) the context is left-truncated to fit (lm-eval's HF model does the same); a
+      continuation longer than ``max_length`` is scored in consecutive windows of ``max_length``
+      inputs (each piece after the tokens just before it), instead of failing."""
     device = model_device(model)
-    items = []
+    items, long_rows, pieces = [], [], {}
     for i, (ctx, cont) in enumerate(pairs):
         ctx, cont = list(ctx), list(cont)
         if not ctx:
@@ -106,41 +162,76 @@ def score_continuations(model, pairs: Sequence[tuple[Sequence[int], Sequence[int
         if not cont:
             items.append((i, [], 0))
             continue
-        full = ctx + cont
-        inp = full[:-1]
+        inp = (ctx + cont)[:-1]
         if max_length is not None and len(inp) > max_length:
+            if carry_state:
+                long_rows.append((i, inp, len(cont)))
+                continue
             if len(cont) > max_length:
-                raise ValueError(f"continuation of {len(cont)} tokens exceeds max_length={max_length}")
+                ps = _window_pieces(ctx, cont, max_length)
+                pieces[i] = []
+                for inp_k, n_k in ps:
+                    pieces[i].append(len(items))
+                    items.append((i, inp_k, n_k))
+                continue
             inp = inp[-max_length:]
         items.append((i, inp, len(cont)))
+    lps: list = [None] * len(items)     # log-softmax rows of each item's scored positions
     out: list[ContinuationScore | None] = [None] * len(pairs)
     order = sorted(range(len(items)), key=lambda j: -len(items[j][1]))
-    batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+    batches = [("window", order[s:s + batch_size]) for s in range(0, len(order), batch_size)]
+    lorder = sorted(range(len(long_rows)), key=lambda j: -len(long_rows[j][1]))
+    batches += [("carry", lorder[s:s + batch_size]) for s in range(0, len(lorder), batch_size)]
     it = batches
     if progress:
         from tqdm.auto import tqdm
         it = tqdm(batches, desc=desc, leave=False)
-    for b in it:
-        rows = [items[j] for j in b if items[j][2] > 0]
+    for kind, b in it:
+        if kind == "carry":
+            rows = [long_rows[j] for j in b]
+            for (idx, _, nc), lp in zip(rows, _score_carried(model, rows, max_length, pad_id, device)):
+                out[idx] = _finish(pairs, idx, nc, lp)
+            continue
+        rows = [(j, items[j]) for j in b if items[j][2] > 0]
         for j in b:
             if items[j][2] == 0:
-                out[items[j][0]] = ContinuationScore(0.0, True, 0, 0, [])
+                lps[j] = ()
         if not rows:
             continue
-        T = max(len(r[1]) for r in rows)
+        T = max(len(r[1][1]) for r in rows)
         ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-        for r, (_, inp, _) in enumerate(rows):
+        for r, (_, (_, inp, _)) in enumerate(rows):
             ids[r, :len(inp)] = torch.tensor(inp, dtype=torch.long)
         logits = model(ids.to(device))
-        for r, (idx, inp, nc) in enumerate(rows):
+        for r, (j, (_, inp, nc)) in enumerate(rows):
             L = len(inp)
-            lp = torch.log_softmax(logits[r, L - nc:L].float(), dim=-1)
-            gold = torch.tensor(pairs[idx][1][-nc:] if nc else [], dtype=torch.long, device=lp.device)
-            tok_lp = lp.gather(-1, gold[:, None])[:, 0]
-            correct = (lp.argmax(-1) == gold)
-            out[idx] = ContinuationScore(float(tok_lp.double().sum()), bool(correct.all()), nc,
-                                         int(correct.sum()), tok_lp.tolist())
+            lps[j] = torch.log_softmax(logits[r, L - nc:L].float(), dim=-1)
+    for j, (idx, inp, nc) in enumerate(items):
+        if idx in pieces or out[idx] is not None:
+            continue
+        out[idx] = ContinuationScore(0.0, True, 0, 0, []) if nc == 0 else _finish(pairs, idx, nc, lps[j])
+    for idx, js in pieces.items():
+        out[idx] = _finish(pairs, idx, len(pairs[idx][1]), torch.cat([lps[j] for j in js], dim=0))
     return out  # type: ignore[return-value]
+
+
+def _score_carried(model, rows, seg, pad_id, device):
+    """Log-softmax rows of each row's scored positions, reading the inputs ``seg`` positions at a time
+    and carrying the recurrent state (right padding only follows a row's own positions)."""
+    B, T = len(rows), max(len(r[1]) for r in rows)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    for r, (_, inp, _) in enumerate(rows):
+        ids[r, :len(inp)] = torch.tensor(inp, dtype=torch.long)
+    ids = ids.to(device)
+    state = _init_state(model, B, device)
+    got: list[list] = [[] for _ in rows]
+    for t0 in range(0, T, seg):
+        logits, state = _prefill(model, ids[:, t0:t0 + seg], state)
+        for r, (_, inp, nc) in enumerate(rows):
+            lo, hi = max(len(inp) - nc, t0), min(len(inp), t0 + seg)
+            if lo < hi:
+                got[r].append(torch.log_softmax(logits[r, lo - t0:hi - t0].float(), dim=-1))
+    return [torch.cat(g, dim=0) for g in got]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -97,6 +97,78 @@ def localize_tasks(include_paths, dest: str) -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# offline: detected once, up front
+# ---------------------------------------------------------------------------------------------
+LOCAL_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "pandas"}
+_TRUE = {"1", "true", "yes", "on"}
+_HUB_STATE: dict = {}
+
+
+def hub_offline_reason(timeout: float = 1.5) -> str | None:
+    """Why the Hugging Face hub cannot be reached (None when it can): HF_HUB_OFFLINE /
+    HF_DATASETS_OFFLINE set, or no TCP connection to the hub's endpoint (HF_ENDPOINT, default
+    huggingface.co:443) within ``timeout`` seconds. Probed once per process (cached)."""
+    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(k, "").strip().lower() in _TRUE:
+            return f"{k} is set"
+    from urllib.parse import urlparse
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    if (host, port) not in _HUB_STATE:
+        import socket
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            _HUB_STATE[(host, port)] = None
+        except OSError as e:
+            _HUB_STATE[(host, port)] = f"{host}:{port} unreachable ({type(e).__name__}: {e})"
+    return _HUB_STATE[(host, port)]
+
+
+class hub_offline_mode:
+    """Context manager: the hub libraries in offline mode (datasets and huggingface_hub read their
+    HF_HUB_OFFLINE at import, so their module constants are switched, then restored): cached
+    datasets load from the cache, uncached ones fail at once instead of retrying the network."""
+
+    _targets = (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE"),
+                ("datasets.config", "HF_DATASETS_OFFLINE"))
+
+    def __enter__(self):
+        import importlib
+        self._old = []
+        for mod, name in self._targets:
+            try:
+                m = importlib.import_module(mod)
+            except ImportError:
+                continue
+            if hasattr(m, name):
+                self._old.append((m, name, getattr(m, name)))
+                setattr(m, name, True)
+        return self
+
+    def __exit__(self, *exc):
+        for m, name, v in self._old:
+            setattr(m, name, v)
+        return False
+
+
+def _needs_hub(tm, task: str) -> bool:
+    """Whether lm-eval task ``task`` loads its data from the hub (not a local builder with files)."""
+    try:
+        entry = tm.task_index[task]
+        cfg = entry.cfg if hasattr(entry, "cfg") else entry
+        cfg = dict(cfg) if cfg else {}
+        if not cfg.get("dataset_path") and (entry.yaml_path if hasattr(entry, "yaml_path") else None):
+            from lm_eval import utils
+            cfg = utils.load_yaml_config(str(entry.yaml_path), mode="simple")
+    except Exception:
+        return True
+    dp = cfg.get("dataset_path")
+    if not dp:
+        return True  # a group, or unknown: assume it does
+    return not (str(dp) in LOCAL_BUILDERS or os.path.isdir(str(dp)))
+
+
 @dataclass
 class DownstreamResult:
     suite: str
@@ -162,20 +234,29 @@ class DownstreamResult:
 
 def run_suite(lm, suite, *, limit: int | None = None, seed: int = 1234) -> DownstreamResult:
     """Evaluate ``lm`` (a FalconLabLM or any lm-eval LM) on a suite. Local json tasks need no
-    network; on a machine without one, set HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 so hub tasks fail
-    at once (reported as not run) instead of timing out."""
+    network. When the suite has hub tasks, whether the hub is reachable is checked once up front
+    (:func:`hub_offline_reason`); offline, the tasks run in offline mode (from the dataset cache),
+    and those not cached are reported as not run, with the reason, at once (no network retries)."""
+    import contextlib
+
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     s = load_suite(suite)
     res = DownstreamResult(s["name"], metrics_used=dict(s["tasks"]))
-    with tempfile.TemporaryDirectory(prefix="falcon_lab_tasks_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="falcon_lab_tasks_") as tmp, contextlib.ExitStack() as stack:
         inc = s.get("include_path")
         incs = localize_tasks([inc] if isinstance(inc, str) else inc, tmp) if inc else None
         tm = TaskManager(include_path=incs, include_defaults=bool(s["include_defaults"]))
+        hub_tasks = {t for t in s["tasks"] if _needs_hub(tm, t)}
+        offline = hub_offline_reason() if hub_tasks else None
+        if offline:
+            stack.enter_context(hub_offline_mode())
         for shots in s["num_fewshot"]:
             res.scores[shots] = {}
             for task, metric in s["tasks"].items():
+                if task in res.missing:  # failed at an earlier few-shot setting: same reason
+                    continue
                 try:
                     out = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=int(shots),
                                                   task_manager=tm, limit=limit, bootstrap_iters=0,
@@ -183,7 +264,10 @@ def run_suite(lm, suite, *, limit: int | None = None, seed: int = 1234) -> Downs
                                                   torch_random_seed=seed, fewshot_random_seed=seed,
                                                   log_samples=False)
                 except Exception as e:  # dataset not cached / unknown task: reported, not hidden
-                    res.missing[task] = f"{type(e).__name__}: {str(e)[:200]}"
+                    why = f"{type(e).__name__}: {str(e)[:200]}"
+                    if offline and task in hub_tasks:
+                        why = f"offline ({offline}) and its dataset is not in the local cache; {why}"
+                    res.missing[task] = why
                     continue
                 r = out["results"][task]
                 key = f"{metric},none"

@@ -6,15 +6,22 @@
 or wrap an in-memory model: ``FalconLabLM(model=m, tokenizer=tok)``. This module is imported by
 ``falcon_lab.evaluation`` (never by ``import falcon_lab``).
 
+- Context length. A recurrent model (fixed-size state: Falcon and the other non-attention mixers,
+  :func:`is_recurrent`; ``carry_state=`` overrides) has no context limit: inputs longer than
+  ``max_length`` are read in segments of ``max_length`` with the state carried across them (as
+  ``Decoder.prefill`` does), so every score is the full-context one. Other models (attention) get the
+  context left-truncated to ``max_length`` as lm-eval's HF model does (the continuation kept whole
+  where it fits, else scored in consecutive windows).
 - ``loglikelihood``: lm-eval's context/continuation split (TemplateLM; contexts start with BOS
   like every training document, ours), then one batched
-  teacher-forced pass per batch (:func:`score_continuations`), inputs left-truncated to
-  ``max_length``; empty contexts are conditioned on BOS (``prefix_token_id``; ours).
-- ``loglikelihood_rolling``: every token of the document predicted once, from BOS, in windows of
-  ``max_length`` (:func:`rolling_pairs`).
+  teacher-forced pass per batch (:func:`score_continuations`); empty contexts are conditioned on
+  BOS (``prefix_token_id``; ours).
+- ``loglikelihood_rolling``: every token of the document predicted once, from BOS: the whole
+  document with the state carried (recurrent), else in windows of ``max_length`` (:func:`rolling_pairs`).
 - ``generate_until``: greedy, batched, recurrent O(1)-per-token decoding through ``model.step``
   when the model has it (KV cache for attention), stopping at EOS, at any ``until`` string (the
-  output is cut before it) or at ``max_gen_toks``. Sampling is not supported (a clear error).
+  output is cut before it) or at ``max_gen_toks``; the prompt is whole for a recurrent model, else
+  left-truncated to ``max_length - max_gen_toks``. Sampling is not supported (a clear error).
 """
 from __future__ import annotations
 
@@ -25,7 +32,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
-from falcon_lab.evaluation.common import as_tokenizer, greedy_generate, score_continuations
+from falcon_lab.evaluation.common import as_tokenizer, greedy_generate, is_recurrent, score_continuations
 from falcon_lab.evaluation.perplexity import rolling_pairs
 
 
@@ -34,11 +41,11 @@ class FalconLabLM(TemplateLM):
     def __init__(self, checkpoint: str | None = None, model=None, tokenizer=None,
                  batch_size: int | str | None = 8, max_length: int | None = None,
                  max_gen_toks: int = 256, device: str | None = None, dtype: str | None = None,
-                 max_batch_size: Any = None, **kwargs):
+                 max_batch_size: Any = None, carry_state: bool | str | None = None, **kwargs):
         super().__init__()
         if kwargs:
             raise ValueError(f"falcon_lab lm-eval model: unknown model_args {sorted(kwargs)}; known: "
-                             "checkpoint, batch_size, max_length, max_gen_toks, device, dtype")
+                             "checkpoint, batch_size, max_length, max_gen_toks, device, dtype, carry_state")
         if (checkpoint is None) == (model is None):
             raise ValueError("falcon_lab lm-eval model: give exactly one of checkpoint=PATH or model=")
         cfg = None
@@ -59,6 +66,12 @@ class FalconLabLM(TemplateLM):
         self.batch_size = 8 if batch_size in (None, "auto") else int(str(batch_size).split(":")[0])
         self.max_length = int(max_length or _cfg_max_length(cfg) or getattr(model, "max_length", 0) or 2048)
         self.max_gen_toks = int(max_gen_toks)
+        if isinstance(carry_state, str):  # from a model_args string
+            carry_state = {"true": True, "false": False, "auto": None, "none": None}.get(carry_state.lower(), carry_state)
+        if carry_state not in (None, True, False):
+            raise ValueError(f"falcon_lab lm-eval model: carry_state={carry_state!r}: true, false or auto")
+        # None: a model whose state does not grow with the context carries it across segments
+        self.carry_state = is_recurrent(model) if carry_state is None else bool(carry_state)
 
     # -- TemplateLM interface -------------------------------------------------------------------
     @property
@@ -82,7 +95,8 @@ class FalconLabLM(TemplateLM):
         pairs = [(ctx, cont) for _, ctx, cont in requests]
         scores = score_continuations(self.model, pairs, batch_size=self.batch_size,
                                      max_length=self.max_length, pad_id=self.tok.pad_id,
-                                     progress=not disable_tqdm, desc="loglikelihood")
+                                     progress=not disable_tqdm, desc="loglikelihood",
+                                     carry_state=self.carry_state)
         out = []
         for (key, _, _), s in zip(requests, scores):
             res = (s.logprob, s.is_greedy)
@@ -95,12 +109,17 @@ class FalconLabLM(TemplateLM):
         all_pairs, owner = [], []
         for i, req in enumerate(requests):
             (text,) = req.args
-            ps = rolling_pairs(self.tok.encode(text), self.tok.bos_id, self.max_length)
+            ids = self.tok.encode(text)
+            if self.carry_state:  # the whole document at once, state carried across segments
+                ps = [([self.tok.bos_id], ids)] if ids else []
+            else:
+                ps = rolling_pairs(ids, self.tok.bos_id, self.max_length)
             all_pairs.extend(ps)
             owner.extend([i] * len(ps))
         scores = score_continuations(self.model, all_pairs, batch_size=self.batch_size,
                                      max_length=self.max_length, pad_id=self.tok.pad_id,
-                                     progress=not disable_tqdm, desc="loglikelihood_rolling")
+                                     progress=not disable_tqdm, desc="loglikelihood_rolling",
+                                     carry_state=self.carry_state)
         totals = [0.0] * len(requests)
         for i, s in zip(owner, scores):
             totals[i] += s.logprob
@@ -132,7 +151,7 @@ class FalconLabLM(TemplateLM):
             prompts = []
             for i in idx:
                 ids = [self.tok.bos_id] + self.tok.encode(parsed[i][0])
-                prompts.append(ids[-max(1, self.max_length - max_gen):])
+                prompts.append(ids if self.carry_state else ids[-max(1, self.max_length - max_gen):])
 
             def stop(gen, _until=until):
                 if not _until:

@@ -389,6 +389,31 @@ def check_config(ecfg):
     return suites
 
 
+TASK_DATA = ("addition", "mqar")  # synthetic-task checkpoints (data.name): no natural language
+
+
+def suite_misfits(suites, train_cfg) -> dict[str, str]:
+    """{suite: why it does not fit this checkpoint}, from the training config the checkpoint records
+    (``data.name``: lm = text, addition, mqar). Empty when the checkpoint records none."""
+    try:
+        data = train_cfg.data
+        name = data.get("name")
+    except Exception:
+        return {}
+    if not name:
+        return {}
+    what = f"the checkpoint was trained on data.name={name!r}"
+    if name == "lm":
+        what += f" (text{', ' + str(data.get('path') or data.get('hf_name')) if data.get('path') or data.get('hf_name') else ''})"
+    out = {}
+    for s in suites:
+        if s in TASK_DATA and name != s:
+            out[s] = f"{what}, not {s}: it never saw the task's format, so it would score ~0"
+        elif s in ("lm_eval", "passkey") and name in TASK_DATA:
+            out[s] = f"{what}, a synthetic task without natural language: {s} needs a language model"
+    return out
+
+
 def evaluate(ecfg: DictConfig) -> dict:
     """Run the suites of an evaluate config. Returns {"metrics", "run_id", "out_dir", "tracking_uri",
     "results"}."""
@@ -400,6 +425,11 @@ def evaluate(ecfg: DictConfig) -> dict:
         model, tok, train_cfg = load_checkpoint(str(ecfg.ckpt))
     except ConfigError as e:  # not a checkpoint, or one that would run code: refused, naming ckpt
         raise EvalConfigError(str(e)) from None
+    misfit = suite_misfits(suites, train_cfg) if ecfg.get("fit_check", True) else {}
+    if misfit:  # refused before any work, not zeros after minutes
+        raise EvalConfigError("suites that do not fit this checkpoint:\n" + "\n".join(
+            f"  {s}: {why}" for s, why in misfit.items()) + "\nDrop them from suites=, or run them anyway "
+            "with fit_check=false.")
     dev = _device(ecfg.get("device", "auto"))
     model = model.to(dev)
     if ecfg.get("dtype"):
