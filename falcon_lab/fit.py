@@ -7,9 +7,11 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig, open_dict
 
+from falcon_lab.training.arms import register_resolvers as register_arm_resolvers
 from falcon_lab.training.validate import register_resolvers
 
 register_resolvers()  # before Hydra resolves its run dir: outputs/${falcon_dirname:${logger.experiment_name}}/...
+register_arm_resolvers()  # multirun folders named by their arm: ${falcon_arm:}
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
@@ -23,18 +25,26 @@ def main(cfg: DictConfig) -> float:
     with open_dict(cfg):
         if not cfg.get("run_dir"):
             cfg.run_dir = hc.runtime.output_dir
-        if str(hc.mode) == "RunMode.MULTIRUN" and not cfg.logger.get("run_name"):
-            cfg.logger.run_name = hc.job.override_dirname or f"arm{hc.job.num}"  # one MLflow run per arm
+        if str(hc.mode) == "RunMode.MULTIRUN":  # one MLflow run per arm, named by what differs between arms
+            from falcon_lab.training.arms import arm_of_job, multirun_id
+
+            arm, name = arm_of_job(hc)
+            if not cfg.logger.get("run_name"):
+                cfg.logger.run_name = name or hc.job.override_dirname or f"arm{hc.job.num}"
+            tags = dict(cfg.logger.get("tags") or {})
+            tags.setdefault("arm", arm or cfg.logger.run_name)
+            tags.setdefault("multirun", multirun_id(hc.sweep.dir))
+            cfg.logger.tags = tags
     res = run(cfg)
     if res.get("global_rank", 0) != 0:  # DDP: only rank 0 reports
         return float(res["val_loss"])
     if res["history"].get("val/loss"):
         print(f"\n[falcon_lab] done: {res['steps']} steps, best val/loss {res['val_loss']:.4f} "
               f"(ppl {2.718281828 ** res['val_loss']:.2f})", flush=True)
-    else:  # not a divergence: the run ended before its first validation
-        print(f"\n[falcon_lab] done: {res['steps']} steps, no validation ran (trainer.val_check_interval="
-              f"{cfg.trainer.get('val_check_interval')}, trainer.limit_val_batches="
-              f"{cfg.trainer.get('limit_val_batches')}): no val/loss to report", flush=True)
+    else:  # not a divergence: validation runs at the end of training unless it was switched off
+        print(f"\n[falcon_lab] done: {res['steps']} steps, no validation ran (trainer.limit_val_batches="
+              f"{cfg.trainer.get('limit_val_batches')}, trainer.val_check_interval="
+              f"{cfg.trainer.get('val_check_interval')}): no val/loss to report", flush=True)
     if "val/shuffle_gap" in res["metrics"]:
         print(f"[falcon_lab] real vs shuffled verse: {res['metrics']['val/shuffle_gap']:+.3f} nats/token for "
               f"shuffled, real preferred in {100 * res['metrics']['val/shuffle_win_rate']:.0f}% of verses")

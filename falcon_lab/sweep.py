@@ -14,8 +14,8 @@ every trial, checked against the composed fit config before anything trains.
   launch=MODE          auto | inprocess | subprocess (auto: a separate job for multi-device trials)
   heartbeat=S grace=S  worker heartbeat period / staleness limit in seconds (defaults 15 / 90)
   runner=MOD:FN        train function (default falcon_lab.sweeps.runner:training_runner)
-  report=true          print the study table and write ablations/reports/<study>/ (no training)
-  report_dir=DIR       where report=true writes (default ./ablations/reports/<study>)
+  report=true          print the study table and write its report (no training)
+  report_dir=DIR       where report=true writes (default ./sweeps/<study>/report, beside the sweep's runs)
 """
 from __future__ import annotations
 
@@ -209,12 +209,33 @@ def report(opts: dict, fit: list[str]) -> int:
     except Exception:
         space = None
     print(format_table(study))
-    out = Path(opts["report_dir"] or Path("ablations") / "reports" / name)
+    # beside the sweep's own folder (./sweeps/<study>), not into the repository's tracked ablations/reports/
+    out = Path(opts["report_dir"] or Path("sweeps") / name / "report")
     md = write_report(study, out, space=space, storage=st.describe(url),
                       parent_run_id=study.user_attrs.get("falcon_lab:mlflow_parent_run_id"),
                       tracking_uri=study.user_attrs.get("falcon_lab:tracking_uri"))
     print(f"[sweep] report written to {md}")
     return 0
+
+
+def _say_if_finished(ctx) -> bool:
+    """A rerun of a finished study trains nothing: say so, and how to start a new one."""
+    import optuna
+
+    from falcon_lab.sweeps import storage as st
+
+    try:
+        study = optuna.load_study(study_name=ctx.study_name, storage=st.open_storage(ctx.storage))
+        c = st.counts(study)
+    except Exception:  # the workers report any storage problem themselves
+        return False
+    done = c["COMPLETE"] + c["PRUNED"]
+    if done < ctx.n_trials:
+        return False
+    log.info("study %r already has %d/%d trials done: nothing to train (its table follows). To run the "
+             "sweep again, pass a new study name (study=%s_2), or raise n_trials= to add trials to this one",
+             ctx.study_name, done, ctx.n_trials, ctx.study_name)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("study %r in %s: %d trials, %s %s, sampler %s, pruner %s, workers %d, launch %s",
              ctx.study_name, describe(ctx.storage), space.n_trials, space.direction, space.metric,
              space.sampler["name"], space.pruner["name"], opts["workers"], ctx.launch)
+    _say_if_finished(ctx)
     rc = 0
     try:
         if opts["workers"] == 1:

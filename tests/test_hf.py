@@ -216,7 +216,9 @@ def test_lm_eval_hf_model_scores_as_platform_adapter(trained, tmp_path, hf_home)
     mc = {"name": "mc", "include_path": tasks, "include_defaults": False, "num_fewshot": [0],
           "tasks": {"falcon_local_mc": "acc"}}
     rolling = {**mc, "name": "rolling", "tasks": {"falcon_local_rolling": "word_perplexity"}}
-    platform = FalconLabLM(checkpoint=trained, batch_size=4, device="cpu")
+    # carry_state=False: the adapter scores in max_length windows, as lm-eval's hf model does (with the
+    # default, a recurrent model carries its state across windows and sees the whole document instead)
+    platform = FalconLabLM(checkpoint=trained, batch_size=4, device="cpu", carry_state=False)
     hf_cls = reg.get_model("hf")
     hf_lm = hf_cls.create_from_arg_string(f"pretrained={out},batch_size=4,device=cpu")
     hf_nobos = hf_cls.create_from_arg_string(f"pretrained={out},batch_size=4,device=cpu,add_bos_token=False")

@@ -79,13 +79,16 @@ def test_smoke_sweep_end_to_end_and_report(in_tmp, capsys):
     assert "trial" in out and "state" in out and "mixer.gate" in out
     for t in study.trials:
         assert f"{t.state.name}" in out
-    rep = tmp_path / "ablations" / "reports" / "smoke"
+    rep = tmp_path / "sweeps" / "smoke" / "report"  # beside the sweep, not in the tracked ablations/reports/
+    assert not (tmp_path / "ablations").exists()
     md = (rep / "README.md").read_text()
     assert "## Best trial" in md and "![optimization_history](optimization_history.png)" in md
     assert (rep / "optimization_history.png").stat().st_size > 1000
     assert (rep / "trials.csv").read_text().count("\n") == 4
     # re-running a finished study trains nothing more
+    capsys.readouterr()
     assert sweep_main(["ablation=smoke", "logger.experiment_name=sweep_smoke"]) == 0
+    assert "nothing to train" in capsys.readouterr().out
     assert len(optuna.load_study(study_name="smoke",
                                  storage=f"sqlite:///{tmp_path}/sweeps/optuna.db").trials) == 3
     print(f"smoke sweep: {elapsed:.1f} s")

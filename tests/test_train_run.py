@@ -37,7 +37,7 @@ def test_mlflow_run_contents_and_failed_status(store, tmp_path):
     assert r.data.params["mixer.variant"] == "3A" and r.data.params["model.d_model"] == "64"
     assert not [k for k in r.data.params if k.startswith("cfg/") or k in ("ckpt_path", "run_dir")]
     t = r.data.tags
-    assert t["mixer"] == "falcon" and t["variant"] == "Falcon-3A" and t["knob.window"] == "None"
+    assert t["mixer"] == "falcon" and t["variant"] == "Falcon-3A" and t["knob.window"] == "4"  # the effective window (DEFAULT_WINDOW), not None
     assert t["team"] == "falcon" and t["mlflow.parentRunId"] == "abc123" and len(t["git_commit"]) in (40, 7)
     assert t["git_dirty"] in ("true", "false")
     steps = [m.step for m in client.get_metric_history(res["run_id"], "train/loss")]

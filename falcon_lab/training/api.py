@@ -143,7 +143,15 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
 
     from falcon_lab.data import build_datamodule
     from falcon_lab.data.corpus import kjv_sentences
-    from falcon_lab.training.callbacks import MetricHistory, ThroughputMFU, device_peak_flops, plot_curves
+    from falcon_lab.training.callbacks import (
+        MetricHistory,
+        TextProgress,
+        ThroughputMFU,
+        ValidateAtEnd,
+        device_peak_flops,
+        plot_curves,
+        progress_bar_wanted,
+    )
     from falcon_lab.training.checkpoint_io import AtomicCheckpointIO
     from falcon_lab.training.mlflow import build_logger, resolve_tracking_uri
     from falcon_lab.training.module import LitLM
@@ -187,7 +195,10 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
                               save_top_k=int(ck.get("save_top_k", 1)), save_last=bool(ck.get("save_last", True)),
                               auto_insert_metric_name=False)
     interrupt_cb = _save_on_interrupt(ckpt_dir / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt", logger)
-    cbs = [best_cb, history, interrupt_cb]
+    cbs = [best_cb, history, interrupt_cb, ValidateAtEnd()]  # validation always runs at the last step
+    if tkw.get("enable_progress_bar", True) and not progress_bar_wanted(True):
+        tkw["enable_progress_bar"] = False  # off a terminal: a log line every tenth of the run, no bar redraws
+        cbs.append(TextProgress())
     if ck.get("every_n_steps"):
         cbs.append(ModelCheckpoint(dirpath=ckpt_dir, filename="step{step:06d}", monitor=None, save_top_k=-1,
                                    every_n_train_steps=int(ck.every_n_steps), auto_insert_metric_name=False))
@@ -246,6 +257,7 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
             if status == "success":
                 try:
                     logger.experiment.set_tag(run_id, "backend_used", ",".join(module.model.backends_used()))
+                    logger.experiment.set_tag(run_id, "steps", str(int(trainer.global_step)))  # compare min_steps=
                     logger.experiment.log_artifact(run_id, str(run_dir / "config.yaml"))
                     png = plot_curves(history.history, str(run_dir / "loss_curve.png"))
                     if png:
@@ -305,8 +317,13 @@ def _restore_run(logger, before) -> None:
 def _flat_params(cfg) -> dict:
     from falcon_lab.training.mlflow import flatten
 
-    flat = flatten(OmegaConf.to_container(cfg, resolve=True))
-    skip = ("hydra", "ckpt_path", "run_dir")  # per-invocation paths (tags carry run_dir), not settings
+    from falcon_lab.training.arms import effective_mixer
+
+    d = OmegaConf.to_container(cfg, resolve=True)
+    d["mixer"] = effective_mixer(d.get("mixer") or {})  # the knobs the model uses (preset applied), not None
+    flat = flatten(d)
+    # per-invocation paths (tags carry run_dir) and tags (arm, multirun: tags already), not settings
+    skip = ("hydra", "ckpt_path", "run_dir", "logger.tags")
     return {k: ("null" if v is None else v) for k, v in flat.items() if not k.startswith(skip)}
 
 

@@ -6,9 +6,11 @@ from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
+from falcon_lab.training.arms import register_resolvers as register_arm_resolvers
 from falcon_lab.training.validate import register_resolvers
 
 register_resolvers()  # ${falcon_dirname:...} in train.yaml's hydra run/sweep dirs
+register_arm_resolvers()  # ${falcon_arm:} in train.yaml's hydra sweep subdir
 
 CONFIG_MODULE = "falcon_lab.configs"
 CONFIG_NAME = "train"

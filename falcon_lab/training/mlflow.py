@@ -76,12 +76,21 @@ def flatten(d, prefix="") -> dict:
 
 
 def run_tags(cfg, extra: dict | None = None) -> dict:
-    """mixer, variant, knobs, model size, git commit + dirty flag, user tags, parent run."""
-    mixer = OmegaConf.to_container(cfg.mixer, resolve=True)
+    """mixer, variant, knobs, model size, git commit + dirty flag, user tags, parent run. Falcon knobs are the
+    effective ones (the preset applied: knob.qk_norm=l2, not None); `preset` is the preset those knobs match
+    (the ctx_eta arm of a `.1` config is `.2`), `preset.configured` the one written in the config, `label`
+    the name compare shows (Falcon-1A.2)."""
+    from falcon_lab.training.arms import effective_mixer, effective_preset, falcon_label
+
+    mixer = effective_mixer(OmegaConf.to_container(cfg.mixer, resolve=True))
     tags = {"mixer": str(mixer.get("name")), "model": str(cfg.model.get("name", "custom"))}
     if mixer.get("name") == "falcon":
         tags["variant"] = f"Falcon-{mixer.get('variant')}"
-        tags["preset"] = str(mixer.get("preset"))
+        tags["preset"] = str(effective_preset(mixer) or "custom")
+        tags["preset.configured"] = str(mixer.get("preset"))
+        tags["label"] = falcon_label(mixer)
+    else:
+        tags["label"] = str(mixer.get("name"))
     for k, v in mixer.items():
         if k != "name":
             tags[f"knob.{k}"] = str(v)

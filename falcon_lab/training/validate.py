@@ -74,39 +74,16 @@ def check_experiment_name(name) -> str:
 
 def register_resolvers() -> None:
     """${falcon_dirname:NAME} (Hydra's run/sweep dir in train.yaml): NAME checked by check_experiment_name, so
-    that Hydra itself refuses to create a folder outside outputs/ before the run starts."""
+    that Hydra itself refuses to create a folder outside outputs/ before the run starts. Also registers the
+    typed config schemas in Hydra's ConfigStore (`mixer/falcon_schema`: FalconConfig, the schema of
+    configs/mixer/falcon.yaml), which every entry point needs before it composes."""
     if not OmegaConf.has_resolver("falcon_dirname"):
         OmegaConf.register_new_resolver("falcon_dirname", check_experiment_name)
+    from hydra.core.config_store import ConfigStore
 
+    from falcon_lab.models.mixers.falcon_config import FalconConfig
 
-def _falcon_defaults() -> dict:
-    from importlib import resources
-
-    text = resources.files("falcon_lab.configs").joinpath("mixer", "falcon.yaml").read_text()
-    return OmegaConf.to_container(OmegaConf.create(text), resolve=True)
-
-
-def _check_applicability(mixer: dict) -> None:
-    """A Falcon knob moved off its default where it has no effect is an error naming the key."""
-    from falcon_lab.models.mixers.falcon import resolve_falcon_knobs
-
-    _, gate, lam, _ = resolve_falcon_knobs(mixer.get("variant", "1A"), mixer.get("preset"), mixer.get("qk_norm"),
-                                           mixer.get("gate"), mixer.get("lam"), mixer.get("window"))
-    lam_mode = mixer.get("lam_mode", "scaled")
-    rules = {
-        "lam_value": (lam == "const", "mixer.lam=const"),
-        "lam_scale": (lam == "ctx" and lam_mode == "scaled", "mixer.lam=ctx with mixer.lam_mode=scaled"),
-        "lam_init_bias": (lam == "ctx", "mixer.lam=ctx"),
-        "lam_mode": (lam != "off", "mixer.lam=ctx or const"),
-        "beta_max": (gate == "ctx_beta", "mixer.gate=ctx_beta"),
-        "eta_max": (gate == "ctx_eta", "mixer.gate=ctx_eta"),
-        "eps": (gate == "ctx_beta", "mixer.gate=ctx_beta (the NLMS division; a direct step has no ε)"),
-    }
-    defaults = _falcon_defaults()
-    for key, (applies, when) in rules.items():
-        if key in mixer and key in defaults and mixer[key] != defaults[key] and not applies:
-            raise ConfigError(f"mixer.{key}: set to {mixer[key]!r} but it only has an effect with {when} "
-                              f"(here gate={gate}, lam={lam}, lam_mode={lam_mode})")
+    ConfigStore.instance().store(group="mixer", name="falcon_schema", node=FalconConfig)
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -148,34 +125,13 @@ def validate_config(cfg: DictConfig) -> None:
     for k in mixer:
         if k != "name" and k not in knobs:
             raise ConfigError(f"mixer.{k}: not a knob of mixer {name!r} (knobs: {sorted(knobs)})")
-    if name == "falcon":
-        from falcon_lab.models.mixers.falcon import LAM_MODES, READS, check_recompute, resolve_falcon_knobs
+    if name == "falcon":  # every Falcon knob: its type, value, preset and applicability (falcon_config.py)
+        from falcon_lab.models.mixers.falcon_config import FalconConfig
 
         try:
-            resolve_falcon_knobs(mixer.get("variant", "1A"), mixer.get("preset"), mixer.get("qk_norm"),
-                                 mixer.get("gate"), mixer.get("lam"), mixer.get("window"))
-        except ValueError as e:
+            FalconConfig.from_knobs(mixer).resolved()
+        except (ValueError, TypeError) as e:
             raise ConfigError(str(e)) from None
-        if mixer.get("lam_mode", "scaled") not in LAM_MODES:
-            raise ConfigError(f"mixer.lam_mode: {mixer.get('lam_mode')!r} is not one of {LAM_MODES}")
-        if mixer.get("read", "after") not in READS:
-            raise ConfigError(f"mixer.read: {mixer.get('read')!r} is not one of {READS}")
-        if not isinstance(mixer.get("shift", True), bool):
-            raise ConfigError(f"mixer.shift: must be true or false, got {mixer.get('shift')!r}")
-        for k in ("eps", "eps_gamma", "lam_scale", "lam_value", "beta_max", "eta_max"):
-            if k in mixer and not (_number(mixer[k], f"mixer.{k}") >= 0):
-                raise ConfigError(f"mixer.{k}: must be >= 0, got {mixer[k]!r}")
-        if "eps_gamma" in mixer and not (0 < float(mixer["eps_gamma"]) <= 1):  # the operator's decay clamp
-            raise ConfigError(f"mixer.eps_gamma: must be in (0, 1], got {mixer['eps_gamma']!r}")
-        _check_applicability(mixer)
-        if mixer.get("module_backend") not in (None, "torch", "triton"):
-            raise ConfigError(f"mixer.module_backend: {mixer.get('module_backend')!r} is not one of null, torch, triton")
-        try:
-            check_recompute(mixer.get("recompute", "auto"))
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        if _number(mixer.get("chunk_size", 64), "mixer.chunk_size", int) < 1:
-            raise ConfigError(f"mixer.chunk_size: must be >= 1, got {mixer.get('chunk_size')}")
     # ---- data
     try:
         get_datamodule_cls(_need(cfg, "data.name"))

@@ -48,58 +48,23 @@ from falcon_lab.models.mixers.base import (
 from falcon_lab.modules import FusedRMSNormGated, RMSNorm, ShortConvolution, qk_norm
 from falcon_lab.models.mixers.registry import register_mixer
 
-VARIANTS = ("1", "2", "3", "1A", "2A", "3A")
-PRESETS = {
-    ".1": {"qk_norm": "l2", "gate": "ctx_beta", "lam": "ctx"},
-    ".2": {"qk_norm": "l2", "gate": "ctx_eta", "lam": "ctx"},
-    ".3": {"qk_norm": "rmsnorm", "gate": "ctx_eta", "lam": "ctx"},
-}
-QK_NORMS = ("rmsnorm", "l2")
-GATES = ("ctx_beta", "ctx_eta")
-LAMS = ("ctx", "const", "off")
-LAM_MODES = ("scaled", "absolute")
-READS = ("after", "before")
-RECOMPUTE = ("auto", True, False)
-DEFAULT_WINDOW = 4  # ours: the paper's "e.g., B = 4"
+from falcon_lab.models.mixers.falcon_config import (  # noqa: F401  (re-exported: the knobs' one home)
+    DEFAULT_WINDOW,
+    GATES,
+    LAM_MODES,
+    LAMS,
+    PRESETS,
+    QK_NORMS,
+    READS,
+    RECOMPUTE,
+    VARIANTS,
+    FalconConfig,
+    check_recompute,
+    normalize_preset,
+)
 
-
-def normalize_preset(preset):
-    """".3", "3", 3 and 0.3 (what Hydra makes of `mixer.preset=.3`) all mean the preset ".3"."""
-    if preset is None or isinstance(preset, bool):
-        return preset
-    if isinstance(preset, (int, float)):
-        preset = str(preset)
-    p = str(preset).strip()
-    if p.startswith("0."):
-        p = p[1:]
-    if p and not p.startswith("."):
-        p = "." + p
-    return p
-
-
-def resolve_falcon_knobs(variant, preset, qk_norm, gate, lam, window):
-    """Apply the preset to knobs left None; check values. Returns (qk_norm, gate, lam, window)."""
-    variant = str(variant)
-    preset = normalize_preset(preset)
-    if variant not in VARIANTS:
-        raise ValueError(f"mixer.variant: unknown Falcon variant {variant!r}; choose one of {VARIANTS}")
-    if preset is not None and preset not in PRESETS:
-        raise ValueError(f"mixer.preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)} or null")
-    p = PRESETS.get(preset, {})
-    qk_norm = qk_norm if qk_norm is not None else p.get("qk_norm", "rmsnorm")
-    gate = gate if gate is not None else p.get("gate", "ctx_eta")
-    lam = lam if lam is not None else p.get("lam", "ctx")
-    for key, val, allowed in (("qk_norm", qk_norm, QK_NORMS), ("gate", gate, GATES), ("lam", lam, LAMS)):
-        if val not in allowed:
-            raise ValueError(f"mixer.{key}: {val!r} is not one of {allowed}")
-    if FalconSpec.from_variant(variant).windowed:
-        window = DEFAULT_WINDOW if window is None else window
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"mixer.window: must be an integer >= 1, got {window!r}")
-    elif window is not None:
-        raise ValueError(f"mixer.window: applies only to the sliding-window variants 3 and 3A, "
-                         f"not variant {variant!r} (leave it null)")
-    return qk_norm, gate, lam, window
+__all__ = ["FalconMixer", "FalconConfig", "VARIANTS", "PRESETS", "QK_NORMS", "GATES", "LAMS", "LAM_MODES", "READS",
+           "RECOMPUTE", "DEFAULT_WINDOW", "check_recompute", "normalize_preset", "operator_flops_per_token_head"]
 
 
 def operator_flops_per_token_head(variant: str, dk: int, dv: int, chunk: int, window: int) -> float:
@@ -133,67 +98,27 @@ def _keep_core(ctx, op, *args, **kwargs):
 _KEEP_CORE = functools.partial(create_selective_checkpoint_contexts, _keep_core)
 
 
-def check_recompute(value):
-    """mixer.recompute: auto | true | false (the strings Hydra may pass included)."""
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        value = value.lower() == "true"
-    if value not in RECOMPUTE or (isinstance(value, int) and not isinstance(value, bool) and value not in (0, 1)):
-        raise ValueError(f"mixer.recompute: {value!r} is not one of auto, true, false")
-    return value
-
-
 @register_mixer("falcon")
 class FalconMixer(Mixer):
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        head_dim: int,
-        *,
-        variant: str = "1A",
-        preset: str | None = ".3",
-        qk_norm: str | None = None,
-        qk_norm_gain: bool = False,
-        gate: str | None = None,
-        lam: str | None = None,
-        lam_mode: str = "scaled",
-        lam_scale: float = 1.0,
-        lam_value: float = 0.1,
-        lam_init_bias: float = -2.0,
-        window: int | None = None,
-        shift: bool = True,
-        read: str = "after",
-        eps: float = 1e-6,
-        eps_gamma: float = 1e-4,
-        eps_rms: float = 1e-6,
-        beta_max: float = 2.0,
-        eta_max: float = 1.0,
-        conv_size: int = 4,
-        output_norm: bool = True,
-        output_gate: bool = True,
-        backend: str | None = None,
-        chunk_size: int = 64,
-        module_backend: str | None = None,
-        recompute: str | bool = "auto",
-    ):
+    Config = FalconConfig  # the knobs (falcon_config.py): the registry reads them from here
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int, **knobs):
+        """knobs: the fields of FalconConfig (configs/mixer/falcon.yaml); checked and resolved there."""
         super().__init__()
-        self.recompute = check_recompute(recompute)
-        self.qk_norm, self.gate, self.lam, self.window = resolve_falcon_knobs(
-            variant, preset, qk_norm, gate, lam, window)
-        if lam_mode not in LAM_MODES:
-            raise ValueError(f"mixer.lam_mode: {lam_mode!r} is not one of {LAM_MODES}")
-        if read not in READS:
-            raise ValueError(f"mixer.read: {read!r} is not one of {READS}")
-        if conv_size < 1:
-            raise ValueError(f"mixer.conv_size: must be >= 1, got {conv_size}")
-        self.variant, self.preset = str(variant), normalize_preset(preset)
+        c = FalconConfig.from_knobs(knobs).resolved()
+        self.config = c
+        self.qk_norm, self.gate, self.lam, self.window = c.qk_norm, c.gate, c.lam, c.window
+        self.recompute = c.recompute
+        self.variant, self.preset = c.variant, c.preset
         self.H, self.dk, self.dv = n_heads, head_dim, head_dim
-        self.lam_mode = lam_mode if self.lam != "off" else "absolute"
-        self.lam_scale, self.lam_value = float(lam_scale), float(lam_value)
-        self.shift, self.read = bool(shift), read
-        self.eps, self.eps_gamma, self.eps_rms = float(eps), float(eps_gamma), float(eps_rms)
-        self.beta_max, self.eta_max = float(beta_max), float(eta_max)
-        self.backend, self.chunk_size = backend, int(chunk_size)
+        self.lam_mode = c.lam_mode if self.lam != "off" else "absolute"
+        self.lam_scale, self.lam_value = float(c.lam_scale), float(c.lam_value)
+        self.shift, self.read = bool(c.shift), c.read
+        self.eps, self.eps_gamma, self.eps_rms = float(c.eps), float(c.eps_gamma), float(c.eps_rms)
+        self.beta_max, self.eta_max = float(c.beta_max), float(c.eta_max)
+        self.backend, self.chunk_size = c.backend, int(c.chunk_size)
+        conv_size, output_norm, output_gate = c.conv_size, c.output_norm, c.output_gate
+        qk_norm_gain, lam_init_bias, module_backend = c.qk_norm_gain, c.lam_init_bias, c.module_backend
         mb = check_module_backend(module_backend)
         self.spec = FalconSpec.from_variant(self.variant)
         self.per_column = self.spec.per_column

@@ -37,8 +37,12 @@ def get_mixer_cls(name: str):
 
 
 def mixer_knobs(name: str) -> dict:
-    """The keyword knobs (with defaults) a mixer accepts, beyond d_model / n_heads / head_dim."""
-    sig = inspect.signature(get_mixer_cls(name).__init__)
+    """The keyword knobs (with defaults) a mixer accepts, beyond d_model / n_heads / head_dim: the fields of
+    its `Config` dataclass where it has one (the Falcon mixer), else its keyword-only parameters."""
+    cls = get_mixer_cls(name)
+    if hasattr(cls, "Config"):
+        return cls.Config.knobs()
+    sig = inspect.signature(cls.__init__)
     return {k: p.default for k, p in sig.parameters.items()
             if k not in ("self", "d_model", "n_heads", "head_dim") and p.kind == p.KEYWORD_ONLY}
 
