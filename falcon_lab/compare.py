@@ -154,8 +154,10 @@ def _arms(runs, labels) -> list[str]:
 
     untagged = [i for i, r in enumerate(runs) if not r.data.tags.get("arm")]
     keys = sorted({k for i in untagged for k in runs[i].data.params})
+    # a key differs when the runs that log it disagree: a knob logged only where it acts (Falcon's eta_max with
+    # gate=ctx_eta) follows from one that differs (gate), and would only repeat it
     differ = [k for k in keys if k not in SEED_PARAMS and not k.startswith(NOT_ARM_PARAMS)
-              and len({runs[i].data.params.get(k) for i in untagged}) > 1]
+              and len({runs[i].data.params[k] for i in untagged if k in runs[i].data.params}) > 1]
     short = _short(differ)
     out = []
     for i, r in enumerate(runs):

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from falcon_lab.models import build_model
+from falcon_lab.models.parallelize import parallelize
 from falcon_lab.models.mixers import build_mixer
 
 TINY = dict(d_model=32, n_layers=2, n_heads=2, head_dim=16)
@@ -207,7 +208,7 @@ def test_activation_checkpointing_same_loss_and_grads(mix):
     no-grad forwards are untouched."""
     torch.manual_seed(0)
     a = build_model(TINY, mix, vocab_size=320).double().train()
-    b = build_model({**TINY, "activation_checkpointing": True}, mix, vocab_size=320).double().train()
+    b = parallelize(build_model(TINY, mix, vocab_size=320), activation_checkpointing=True).double().train()
     b.load_state_dict(a.state_dict())
     losses = _losses_after_backward(a, b)
     assert b.activation_checkpointing and not a.activation_checkpointing
@@ -217,9 +218,21 @@ def test_activation_checkpointing_same_loss_and_grads(mix):
 
 
 def test_activation_checkpointing_from_config():
+    """build_model gives the plain model; the trainer's configure_model applies model.compile and
+    model.activation_checkpointing in one parallelize step (once, however often Lightning calls it)."""
+    from omegaconf import OmegaConf
+
     from falcon_lab.training.config import compose
-    cfg = compose(["model=tiny", "model.activation_checkpointing=true"])
+    from falcon_lab.training.module import LitLM
+    cfg = compose(["model=tiny", "model.activation_checkpointing=true", "model.compile=true"])
     assert cfg.model.activation_checkpointing is True
+    lit = LitLM(OmegaConf.to_container(cfg, resolve=True), vocab_size=320)
+    assert not lit.model.activation_checkpointing
+    assert all(getattr(b, "_compiled_call_impl", None) is None for b in lit.model.blocks)
+    lit.configure_model()
+    lit.configure_model()
+    assert lit.model.activation_checkpointing
+    assert all(getattr(b, "_compiled_call_impl", None) is not None for b in lit.model.blocks)
 
 
 def test_model_compile_same_loss_and_grads():
@@ -228,7 +241,8 @@ def test_model_compile_same_loss_and_grads():
     torch.manual_seed(0)
     mix = dict(name="falcon", variant="1A")
     a = build_model(TINY, mix, vocab_size=320)
-    b = build_model({**TINY, "compile": True}, mix, vocab_size=320)
+    b = parallelize(build_model(TINY, mix, vocab_size=320), compile=True)
+    assert all(getattr(blk, "_compiled_call_impl", None) is not None for blk in b.blocks)
     assert list(b.state_dict()) == list(a.state_dict())
     b.load_state_dict(a.state_dict())
     losses = _losses_after_backward(a, b)

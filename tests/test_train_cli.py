@@ -9,6 +9,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+import torch
 
 from falcon_lab.data.corpus import load_kjv
 
@@ -98,6 +99,11 @@ def test_run_without_validation_says_so(tmp_path):
 def test_ddp_two_cpu_processes(tmp_path):
     out = _fit(["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
                 "trainer.cpu_threads=1", "debug=smoke", "logger=none", "checks.shuffle=false",
-                "data.seq_len=32", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+                "data.seq_len=32", "data.global_batch_size=16", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert "Starting with 2 processes" in out or "world_size=2" in out.replace(" ", ""), out[-2000:]
-    assert (Path(tmp_path / "run" / "checkpoints") / "last.ckpt").exists()
+    last = Path(tmp_path / "run" / "checkpoints") / "last.ckpt"
+    assert last.exists()
+    # global batch 16 = 4 per device x 2 processes x 2: each rank took 2 micro-batches per optimizer step
+    ck = torch.load(last, map_location="cpu", weights_only=True)
+    assert ck["global_step"] == 4
+    assert ck["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"] == 8

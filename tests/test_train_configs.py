@@ -4,7 +4,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError
 
 from falcon_lab.training.config import compose
-from falcon_lab.training.validate import ConfigError, validate_config
+from falcon_lab.training.validate import ConfigError, derive_accumulation, validate_config
 from train_helpers import arms, experiments, small_overrides
 
 EXPECTED = {"ablate_eta", "ablate_qk_norm", "ablate_window", "ablate_alignment", "ablate_objective",
@@ -37,7 +37,8 @@ def test_window_arms_and_paper_rows():
     c = compose(["experiment=paper_small_falcon_1a_2"])
     assert (c.model.d_model, c.model.n_layers, c.model.n_heads, c.model.head_dim) == (768, 12, 6, 128)
     assert (c.mixer.variant, c.mixer.preset, c.optim.mup.enabled) == ("1A", ".2", True)
-    assert c.data.batch_size * c.trainer.accumulate_grad_batches * c.trainer.devices == 480
+    assert (c.data.global_batch_size, c.trainer.accumulate_grad_batches) == (480, None)  # derived at start-up
+    assert derive_accumulation(480, c.data.batch_size, c.trainer.devices, c.trainer.accumulate_grad_batches) == 5
 
 
 def test_knobs_that_apply_are_accepted():
@@ -97,3 +98,35 @@ def test_gpu_trainer_without_cuda_fails_at_start_naming_the_key(trainer, tmp_pat
     with pytest.raises(ValueError, match=r"trainer\.accelerator=gpu: no CUDA device"):
         run(cfg)
     assert not (tmp_path / "r").exists()
+
+
+def test_config_named_callbacks_load_or_fail_naming_the_key():
+    """`callbacks.<name>: module:function` (how experiment=addition adds its accuracy callback without the
+    training tier importing evaluation): a target that does not load is refused at start-up by its key."""
+    from falcon_lab.training.callbacks import load_callback_factory
+
+    cfg = compose(["experiment=addition"])
+    assert dict(cfg.callbacks) == {"addition_eval": "falcon_lab.evaluation.addition:callback_from_cfg"}
+    validate_config(cfg)
+    assert callable(load_callback_factory(cfg.callbacks.addition_eval, "addition_eval"))
+    for bad in ("falcon_lab.evaluation.addition", "falcon_lab.nowhere:f", "falcon_lab.evaluation.addition:nope"):
+        with pytest.raises(ConfigError, match=r"callbacks\.mine"):
+            validate_config(compose([f"+callbacks.mine='{bad}'"]))
+
+
+def test_training_imports_no_tier_above_it():
+    """docs/architecture.md: arrows point down. No module of falcon_lab.training imports
+    falcon_lab.evaluation, .sweeps or .benchmarking (statically, at any depth of its source)."""
+    import ast
+    from pathlib import Path
+
+    import falcon_lab.training as tr
+
+    bad = []
+    for f in Path(tr.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{f.name}: {n}" for n in names
+                    if n.startswith(("falcon_lab.evaluation", "falcon_lab.sweeps", "falcon_lab.benchmarking"))]
+    assert not bad, bad

@@ -9,7 +9,8 @@ from falcon_lab.training.config import compose
 
 # what makes any experiment a few-second CPU run
 SMALL = ["model=tiny", "data=kjv", "trainer=cpu", "optim=adamw", "debug=smoke", "trainer.devices=1",
-         "trainer.accumulate_grad_batches=1", "trainer.max_steps=2", "data.seq_len=32", "data.batch_size=4"]
+         "trainer.accumulate_grad_batches=1", "data.global_batch_size=null", "trainer.max_steps=2", "data.seq_len=32",
+         "data.batch_size=4"]
 
 
 def experiments() -> list[str]:

@@ -78,8 +78,10 @@ def parse_mixers(spec) -> list[str]:
 
 
 def build(name: str, size: str, vocab: int = VOCAB, extra: tuple = ()):
-    """(model, cfg) for a platform mixer, through compose() + build_model(); `extra`: more overrides."""
+    """(model, cfg) for a platform mixer, through compose() + build_model() + parallelize() (model.compile
+    true compiles the blocks, as training does); `extra`: more overrides."""
     from falcon_lab.models import build_model
+    from falcon_lab.models.parallelize import parallelize
     from falcon_lab.training.config import compose
     from falcon_lab.training.module import mup_width_mult
 
@@ -88,6 +90,8 @@ def build(name: str, size: str, vocab: int = VOCAB, extra: tuple = ()):
 
     c = OmegaConf.to_container(cfg, resolve=True)
     model = build_model(c["model"], c["mixer"], vocab, logit_scale=1.0 / mup_width_mult(c["model"], c["optim"]))
+    parallelize(model, compile=c["model"].get("compile") is True,
+                activation_checkpointing=bool(c["model"].get("activation_checkpointing", False)))
     return model, cfg
 
 

@@ -228,18 +228,14 @@ def build_model(model_cfg, mixer_cfg, vocab_size: int, logit_scale: float = 1.0)
                    n_heads=int(m["n_heads"]), head_dim=int(m["head_dim"]), mixer=dict(mixer_cfg),
                    ffn_mult=float(m.get("ffn_mult", 8 / 3)), norm_eps=float(m.get("norm_eps", 1e-6)),
                    init_std=float(m.get("init_std", 0.02)), logit_scale=logit_scale,
-                   activation_checkpointing=bool(m.get("activation_checkpointing", False)),
                    loss_impl=str(m.get("loss_impl", "chunked")))
-    if m.get("compile") is True:  # "auto" is resolved by the trainer (training.api.resolve_compile)
-        compile_blocks(model)
+    # model.compile and model.activation_checkpointing are applied by falcon_lab.models.parallelize (the
+    # trainer's configure_model, the benchmark), not here: build_model gives the plain model
     return model
 
 
 def compile_blocks(model: Decoder) -> Decoder:
-    """torch.compile each decoder block in place (nn.Module.compile: parameter names and checkpoints are
-    unchanged). Inductor fuses the mixers' elementwise PyTorch work (norms, gates, NLMS prep); the
-    Triton chunk kernels and fused modules are custom operators (torch.library), traced without a graph
-    break. Ours."""
-    for blk in model.blocks:
-        blk.compile()
-    return model
+    """Deprecated location: see falcon_lab.models.parallelize.compile_blocks."""
+    from falcon_lab.models.parallelize import compile_blocks as _compile_blocks
+
+    return _compile_blocks(model)

@@ -40,8 +40,10 @@ def ensure_experiment(uri: str, name: str) -> str:
     location = None
     if uri.startswith("sqlite:///"):
         location = Path(uri[len("sqlite:///"):]).parent.joinpath("artifacts").as_uri()
-    try:
-        return client.create_experiment(name, artifact_location=location)
+    from falcon_lab.training.mlflow import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+
+    try:  # training runs: the UI opens it on the runs table, not MLflow 3's GenAI overview
+        return client.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     except Exception:  # created concurrently by someone else
         exp = client.get_experiment_by_name(name)
         if exp is None:

@@ -42,6 +42,22 @@ def _trainer_kwargs(cfg) -> dict:
     return kw
 
 
+def _set_accumulation(cfg, trainer) -> int:
+    """trainer.accumulate_grad_batches from data.global_batch_size and the trainer's world size (devices x
+    num_nodes, as Lightning resolved them: torchrun / SLURM included); ConfigError with the arithmetic when it
+    does not divide. Without a global batch, the configured accumulation."""
+    from falcon_lab.training.validate import derive_accumulation
+
+    gb = cfg.data.get("global_batch_size")
+    accum = derive_accumulation(gb, int(cfg.data.batch_size), int(trainer.world_size),
+                                cfg.trainer.get("accumulate_grad_batches"), int(trainer.num_nodes or 1))
+    trainer.accumulate_grad_batches = accum
+    if gb is not None and trainer.global_rank == 0:
+        log.info("global batch %d sequences = %d per device x %d ranks x %d accumulation", int(gb),
+                 int(cfg.data.batch_size), int(trainer.world_size), accum)
+    return accum
+
+
 def _check_devices(cfg) -> None:
     """A GPU trainer on a machine without CUDA fails here, naming the key (Lightning's own message,
     "No supported gpu backend found!", names none)."""
@@ -153,7 +169,7 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
         progress_bar_wanted,
     )
     from falcon_lab.training.checkpoint_io import AtomicCheckpointIO
-    from falcon_lab.training.mlflow import build_logger, resolve_tracking_uri
+    from falcon_lab.training.mlflow import build_logger, prepare_experiment, resolve_tracking_uri
     from falcon_lab.training.module import LitLM
 
     validate_config(cfg)
@@ -186,7 +202,6 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
     # a resume continues an existing run: remember how it stood, so that a resume that fails before training a
     # single step (the checkpoint's state could not be restored) leaves it as it was
     before = _run_snapshot(logger) if logger is not None and logger._run_id is not None else None
-    accum = int(cfg.trainer.get("accumulate_grad_batches") or 1)
     tkw = _trainer_kwargs(cfg)
     history = MetricHistory()
     ck = cfg.get("checkpoint") or {}
@@ -202,10 +217,10 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
     if ck.get("every_n_steps"):
         cbs.append(ModelCheckpoint(dirpath=ckpt_dir, filename="step{step:06d}", monitor=None, save_top_k=-1,
                                    every_n_train_steps=int(ck.every_n_steps), auto_insert_metric_name=False))
-    if cfg.get("addition_eval"):  # the evaluation engineer's addition accuracy callback (experiment=addition)
-        from falcon_lab.evaluation.addition import callback_from_cfg
+    for key, target in (cfg.get("callbacks") or {}).items():  # named by the config (experiment=addition's
+        from falcon_lab.training.callbacks import load_callback_factory
 
-        cb = callback_from_cfg(cfg, tokenizer, dirpath=str(run_dir))
+        cb = load_callback_factory(target, key)(cfg, tokenizer, dirpath=str(run_dir))  # accuracy callback)
         if cb is not None and not any(type(c) is type(cb) for c in (callbacks or [])):
             cbs.append(cb)
     cbs += list(callbacks or [])
@@ -220,6 +235,7 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
         max_epochs=-1,
         **tkw,
     )
+    accum = _set_accumulation(cfg, trainer)  # from data.global_batch_size and the world size, before any MLflow run
     tokens_per_step = int(cfg.data.batch_size) * int(cfg.data.seq_len) * accum * trainer.world_size
     peak = device_peak_flops((cfg.get("metrics") or {}).get("peak_flops"))
     trainer.callbacks.append(ThroughputMFU(tokens_per_step, module.model.flops_per_token(int(cfg.data.seq_len)),
@@ -230,10 +246,14 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
         run_id = logger.run_id if logger is not None else None
         if logger is not None and trainer.global_rank == 0:
             try:
-                logger.log_hyperparams(_flat_params(cfg))
+                logger.log_hyperparams(_flat_params(cfg, accum, trainer.world_size))
             except Exception as e:  # resuming a run with changed settings: MLflow params are immutable
                 log.warning("params not re-logged to run %s: %s", run_id, str(e)[:200])
                 logger.experiment.set_tag(run_id, "resumed_with_changed_params", "true")
+            try:  # opens on the runs table (not MLflow 3's GenAI overview), with a shared default column set
+                prepare_experiment(logger.experiment, logger.experiment_id)
+            except Exception as e:  # a read-only or restricted store: the run itself goes on
+                log.warning("could not tag MLflow experiment %s: %s", logger.experiment_id, str(e)[:200])
             logger.experiment.set_tag(run_id, "run_dir", str(run_dir))
             logger.experiment.set_tag(run_id, "params_total", str(module.model.num_params()))
             logger.experiment.set_tag(run_id, "state_numel_per_seq", str(module.model.state_numel(1, int(cfg.data.seq_len))))
@@ -314,17 +334,11 @@ def _restore_run(logger, before) -> None:
         log.warning("could not restore MLflow run %s after the failed resume: %s", rid, e)
 
 
-def _flat_params(cfg) -> dict:
-    from falcon_lab.training.mlflow import flatten
+def _flat_params(cfg, accumulate: int | None = None, world_size: int | None = None) -> dict:
+    """The run's MLflow params (falcon_lab.training.mlflow.run_params): the settings that decide its result."""
+    from falcon_lab.training.mlflow import run_params
 
-    from falcon_lab.training.arms import effective_mixer
-
-    d = OmegaConf.to_container(cfg, resolve=True)
-    d["mixer"] = effective_mixer(d.get("mixer") or {})  # the knobs the model uses (preset applied), not None
-    flat = flatten(d)
-    # per-invocation paths (tags carry run_dir) and tags (arm, multirun: tags already), not settings
-    skip = ("hydra", "ckpt_path", "run_dir", "logger.tags")
-    return {k: ("null" if v is None else v) for k, v in flat.items() if not k.startswith(skip)}
+    return run_params(cfg, accumulate, world_size)
 
 
 def load_checkpoint(path: str, map_location="cpu"):
@@ -343,7 +357,7 @@ def load_checkpoint(path: str, map_location="cpu"):
     tokenizer = tokenizer_from_state(hp.get("tokenizer_name", "byte"))
     width_mult = mup_width_mult(hp["cfg"]["model"], hp["cfg"]["optim"])
     # training-time knobs do not follow the weights: evaluation and generation run the plain model
-    # (compile it yourself with falcon_lab.models.decoder.compile_blocks if wanted)
+    # (compile it yourself with falcon_lab.models.parallelize.parallelize(model, compile=True) if wanted)
     mcfg = {**hp["cfg"]["model"], "compile": False, "activation_checkpointing": False}
     model = build_model(mcfg, hp["cfg"]["mixer"], int(hp["vocab_size"]), logit_scale=1.0 / width_mult)
     sd = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}

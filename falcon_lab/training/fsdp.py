@@ -1,8 +1,8 @@
 """FSDP2 (`trainer.strategy=fsdp2`): torch's `fully_shard` through Lightning's ModelParallelStrategy.
 
 - pure data parallelism: one mesh dimension over all ranks (data_parallel = world size, no tensor parallelism);
-- one FSDP unit per decoder block, then the root (tied embedding, final norm): `shard_decoder`, called from
-  `LitLM.configure_model`;
+- one FSDP unit per decoder block, then the root (tied embedding, final norm): `shard_decoder` in
+  `falcon_lab.models.parallelize`, applied by `LitLM.configure_model`;
 - checkpoints are one file with the full (unsharded) state dict, gathered on rank 0
   (`save_distributed_checkpoint=False`), so they resume on any number of processes and load with
   `load_checkpoint` like any other checkpoint.
@@ -31,14 +31,3 @@ class FSDP2Strategy(ModelParallelStrategy):
         self._data_parallel_size = self.num_nodes * self.num_processes
         self._tensor_parallel_size = 1
         super().setup_environment()
-
-
-def shard_decoder(model, mesh) -> None:
-    """fully_shard each decoder block, then the whole decoder (embedding and final norm). Idempotent."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-
-    if isinstance(model, FSDPModule):
-        return
-    for blk in model.blocks:
-        fully_shard(blk, mesh=mesh)
-    fully_shard(model, mesh=mesh)

@@ -75,6 +75,75 @@ def flatten(d, prefix="") -> dict:
     return out
 
 
+# the data keys that matter for each source of data=lm (name, source, tokenizer, seq_len, batch sizes are logged
+# for every source); other data modules (mqar, addition) log all their keys but the loader plumbing
+LM_SOURCE_KEYS = {
+    "kjv": (),
+    "text": ("path", "val_path", "sample_by"),
+    "jsonl": ("path", "val_path", "text_field"),
+    "hf": ("path", "val_path", "hf_name", "hf_config", "train_split", "val_split", "text_column", "sample_by"),
+    "fineweb": ("hf_name", "hf_config", "text_field", "max_tokens"),
+}
+LM_COMMON_KEYS = ("name", "source", "tokenizer", "seq_len", "batch_size", "global_batch_size", "doc_boundary",
+                  "cu_seqlens", "val_percent", "max_tokens")
+DATA_PLUMBING = ("num_workers", "val_batch_size", "cache_dir")
+MODEL_PLUMBING = ("compile", "activation_checkpointing", "loss_impl")  # speed and memory, not the result
+TRAINER_PARAMS = ("max_steps", "precision", "devices", "num_nodes")
+OPTIM_PLUMBING = ("fused",)
+MIXER_PLUMBING = ("backend", "module_backend", "recompute", "chunk_size")  # kernels and memory, not the model
+# Falcon knobs that only act under another knob's value (falcon_config.FalconConfig._check_applicability): a param
+# that does nothing in a run is left out of its params (its tag knob.<name> still records it)
+FALCON_APPLIES = {
+    "lam_value": lambda m: m.get("lam") == "const",
+    "lam_scale": lambda m: m.get("lam") == "ctx" and m.get("lam_mode") == "scaled",
+    "lam_init_bias": lambda m: m.get("lam") == "ctx",
+    "lam_mode": lambda m: m.get("lam") not in ("off", None),
+    "beta_max": lambda m: m.get("gate") == "ctx_beta",
+    "eta_max": lambda m: m.get("gate") == "ctx_eta",
+    "eps": lambda m: m.get("gate") == "ctx_beta",
+}
+
+
+def run_params(cfg, accumulate: int | None = None, world_size: int | None = None) -> dict:
+    """The MLflow params of a training run: the settings that decide its result, flattened, and only those (the
+    full resolved config is the run's `config.yaml` artifact). Model and mixer knobs (Falcon knobs effective: the
+    preset applied), optim, the data keys of the configured source (no `data.hf_name` on a KJV run), seed, and
+    trainer max_steps / precision / devices / num_nodes; no kernel or memory switches, no knob that does nothing
+    under the others (Falcon's lam_value without lam=const, ...). `accumulate` and `world_size`, when given, are
+    the run's effective gradient accumulation and number of ranks (with the global batch they give)."""
+    from falcon_lab.training.arms import effective_mixer
+
+    d = OmegaConf.to_container(cfg, resolve=True)
+    out = {"seed": d.get("seed")}
+    model = {k: v for k, v in (d.get("model") or {}).items() if k not in MODEL_PLUMBING}
+    out.update(flatten(model, "model."))
+    mixer = effective_mixer(d.get("mixer") or {})
+    mixer = {k: v for k, v in mixer.items() if k not in MIXER_PLUMBING and
+             (mixer.get("name") != "falcon" or FALCON_APPLIES.get(k, lambda m: True)(mixer))}
+    out.update(flatten(mixer, "mixer."))
+    out.update(flatten({k: v for k, v in (d.get("optim") or {}).items() if k not in OPTIM_PLUMBING}, "optim."))
+    data = d.get("data") or {}
+    if data.get("name") == "lm":
+        keys = LM_COMMON_KEYS + LM_SOURCE_KEYS.get(str(data.get("source")), tuple(data))
+        if data.get("tokenizer") == "bpe":
+            keys += ("bpe_vocab_size",)
+        data = {k: data[k] for k in keys if k in data and (data[k] is not None or k in LM_COMMON_KEYS)}
+    else:
+        data = {k: v for k, v in data.items() if k not in DATA_PLUMBING}
+    out.update(flatten(data, "data."))
+    trainer = d.get("trainer") or {}
+    out.update({f"trainer.{k}": trainer.get(k) for k in TRAINER_PARAMS if k in trainer})
+    if accumulate is not None:
+        out["trainer.accumulate_grad_batches"] = int(accumulate)
+    else:
+        out["trainer.accumulate_grad_batches"] = trainer.get("accumulate_grad_batches") or 1
+    if world_size is not None:
+        out["trainer.world_size"] = int(world_size)
+        if accumulate is not None:
+            out["data.global_batch_size"] = int(data.get("batch_size") or 0) * int(world_size) * int(accumulate)
+    return {k: ("null" if v is None else v) for k, v in out.items()}
+
+
 def run_tags(cfg, extra: dict | None = None) -> dict:
     """mixer, variant, knobs, model size, git commit + dirty flag, user tags, parent run. Falcon knobs are the
     effective ones (the preset applied: knob.qk_norm=l2, not None); `preset` is the preset those knobs match
@@ -308,3 +377,53 @@ def build_logger(cfg):
         log_model=False,
         retry_s=float(cfg.logger.get("retry_s", 30) or 0),
     )
+
+
+# ---- how the MLflow UI opens an experiment (issue 17, point 5) ----------------------------------------------
+# MLflow 3's UI reads the experiment tag `mlflow.experimentKind` (mlflow/server/js: ExperimentKind) to choose the
+# experiment's first view: `genai_development` opens on the GenAI traces overview, `custom_model_development`
+# ("Machine learning") on the runs table. An experiment without the tag is guessed, and a fresh one lands on the
+# GenAI overview; training runs belong in the runs table.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+# The UI keeps each user's column choice in the browser (local storage); there is no server-side default column
+# set. What it does read from the store is a *shared view*: the experiment tag `mlflow.sharedViewState.<key>`
+# (a JSON view state), opened by the URL <ui>/#/experiments/<id>/runs?viewStateShareKey=<key>.
+SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
+VIEW_KEY = "falcon-lab-runs"
+VIEW_METRICS = ("val/loss", "val/ppl", "train/loss", "train/tokens_per_s")
+VIEW_TAGS = ("label", "arm", "steps", "params_total")
+VIEW_PARAMS = ("seed", "model.name", "data.source", "data.seq_len", "optim.lr")
+
+
+def _col(kind: str, key: str) -> str:
+    return f"{kind}.`{key}`"  # the UI's column id (makeCanonicalSortKey)
+
+
+def default_view_state() -> dict:
+    """The runs-table view the platform shares: run name, label/arm/steps, the metrics and the few params that tell
+    runs apart, ordered by val/loss (best first)."""
+    cols = ([_col("tags", t) for t in VIEW_TAGS] +
+            [_col("metrics", m) for m in VIEW_METRICS] + [_col("params", p) for p in VIEW_PARAMS])
+    return {"selectedColumns": cols, "columnOrder": cols, "orderByKey": _col("metrics", "val/loss"),
+            "orderByAsc": True, "runsHiddenMode": "SHOW_ALL"}
+
+
+def view_url(tracking_uri: str, experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
+    """The UI address of the shared runs view (`mlflow ui` serves on 127.0.0.1:5000 by default; a server's own
+    address when tracking over HTTP)."""
+    if tracking_uri.startswith(("http://", "https://")):
+        base = tracking_uri.rstrip("/")
+    return f"{base}/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
+
+
+def prepare_experiment(client, experiment_id: str) -> None:
+    """Tag an experiment the platform logs training runs to: the kind (opens on the runs table) and the shared
+    default view. Either is left alone when already set, so a kind or view changed in the UI stays."""
+    import json
+
+    tags = client.get_experiment(experiment_id).tags or {}
+    if EXPERIMENT_KIND_TAG not in tags:
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    if SHARED_VIEW_PREFIX + VIEW_KEY not in tags:
+        client.set_experiment_tag(experiment_id, SHARED_VIEW_PREFIX + VIEW_KEY, json.dumps(default_view_state()))

@@ -64,12 +64,14 @@ class LitLM(L.LightningModule):
                 checkpoint["falcon_lab"] = {"mlflow_run_id": lg.run_id, "tracking_uri": lg._tracking_uri}
 
     def configure_model(self):
-        # trainer.strategy=fsdp2 sets a device mesh: shard one unit per decoder block, then the root.
-        # Every other strategy has no mesh and leaves the model as built.
-        if self.device_mesh is not None:
-            from falcon_lab.training.fsdp import shard_decoder
+        # one parallelize step (falcon_lab.models.parallelize): activation checkpointing, compile (model.compile,
+        # resolved to a bool by training.run), then FSDP2 when trainer.strategy=fsdp2 set a device mesh
+        from falcon_lab.models.parallelize import parallelize
 
-            shard_decoder(self.model, self.device_mesh["data_parallel"])
+        m = self.cfg["model"]
+        mesh = self.device_mesh["data_parallel"] if self.device_mesh is not None else None
+        parallelize(self.model, compile=m.get("compile") is True,
+                    activation_checkpointing=bool(m.get("activation_checkpointing", False)), mesh=mesh)
 
     def forward(self, input_ids, cu_seqlens=None):
         return self.model(input_ids, cu_seqlens=cu_seqlens)

@@ -86,6 +86,32 @@ def register_resolvers() -> None:
     ConfigStore.instance().store(group="mixer", name="falcon_schema", node=FalconConfig)
 
 
+def derive_accumulation(global_batch, batch_size: int, world_size: int, configured=None, num_nodes: int = 1) -> int:
+    """Gradient accumulation that makes `global_batch` sequences per optimizer step from `batch_size` per device
+    on `world_size` ranks (devices x num_nodes). With no global batch (None) it is `configured` (1 if unset). A
+    global batch the per-step rows do not divide, or a `configured` accumulation (other than unset/1) that
+    disagrees, is a ConfigError showing the arithmetic."""
+    per_step = int(batch_size) * int(world_size)
+    if global_batch is None:
+        return int(configured or 1)
+    gb = int(global_batch)
+    nodes = f"{world_size // max(int(num_nodes), 1)} devices x {num_nodes} nodes" if int(num_nodes) > 1 \
+        else f"{world_size} devices"
+    if gb % per_step:
+        lo, hi = max(gb // per_step, 1) * per_step, (gb // per_step + 1) * per_step
+        raise ConfigError(
+            f"data.global_batch_size={gb}: not a multiple of data.batch_size x world size = {batch_size} x "
+            f"{world_size} ({nodes}) = {per_step} sequences per micro-step ({gb} / {per_step} = "
+            f"{gb / per_step:.3g}); use a global batch of {' or '.join(str(v) for v in sorted({lo, hi}))}, "
+            "or another data.batch_size")
+    accum = gb // per_step
+    if configured not in (None, 1) and int(configured) != accum:
+        raise ConfigError(f"trainer.accumulate_grad_batches={configured} contradicts data.global_batch_size={gb} "
+                          f"= {batch_size} per device x {world_size} ({nodes}) x {accum} accumulation; set "
+                          "only one of them (trainer.accumulate_grad_batches=null)")
+    return accum
+
+
 def validate_config(cfg: DictConfig) -> None:
     from falcon_lab.data.registry import get_datamodule_cls
     from falcon_lab.models.mixers.registry import get_mixer_cls, mixer_knobs
@@ -99,6 +125,9 @@ def validate_config(cfg: DictConfig) -> None:
     for key in ("model.d_model", "model.n_layers", "model.n_heads", "model.head_dim", "data.seq_len",
                 "data.batch_size", "trainer.max_steps"):
         _pos_int(cfg, key)
+    gb = cfg.data.get("global_batch_size")
+    if gb is not None:
+        _pos_int(cfg, "data.global_batch_size")
     comp = cfg.model.get("compile", "auto")
     if comp not in (True, False, "auto"):
         raise ConfigError(f"model.compile: must be auto, true or false, got {comp!r}")
@@ -132,6 +161,11 @@ def validate_config(cfg: DictConfig) -> None:
             FalconConfig.from_knobs(mixer).resolved()
         except (ValueError, TypeError) as e:
             raise ConfigError(str(e)) from None
+    # ---- callbacks a config names ("module:function" factories, e.g. experiment=addition's)
+    from falcon_lab.training.callbacks import load_callback_factory
+
+    for key, target in (cfg.get("callbacks") or {}).items():
+        load_callback_factory(target, key)
     # ---- data
     try:
         get_datamodule_cls(_need(cfg, "data.name"))

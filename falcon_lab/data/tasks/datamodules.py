@@ -98,7 +98,7 @@ class AdditionDataModule(_TaskDataModule):
 
     KEYS = {"name", "format", "train_widths", "ood_widths", "val_per_width", "min_pairs_for_holdout",
             "seed", "batch_size", "val_batch_size", "tokenizer", "eos_in_answer", "num_workers",
-            "seq_len"}
+            "seq_len", "global_batch_size"}  # global_batch_size: the trainer's (train.yaml)
 
     def __init__(self, cfg, seed: int = 0):
         super().__init__()
@@ -150,7 +150,7 @@ class MQARDataModule(_TaskDataModule):
     (or any vocabulary >= 256) works."""
 
     KEYS = {"name", "num_kv_pairs", "seq_len", "seed", "batch_size", "val_batch_size", "val_examples",
-            "tokenizer", "key_ids", "value_ids", "filler_id", "num_workers"}
+            "tokenizer", "key_ids", "value_ids", "filler_id", "num_workers", "global_batch_size"}
 
     def __init__(self, cfg, seed: int = 0):
         super().__init__()
