@@ -13,15 +13,29 @@ HERE = Path(__file__).resolve().parent
 
 
 def run_interp_cases(script: str, cases: list, timeout: int = 600, **env_extra) -> dict:
+    """Run `cases` through `script` under TRITON_INTERPRET=1 in subprocesses: the cases are dealt round-robin
+    to FALCON_INTERP_WORKERS processes (default: 2 where there are 2+ cores; each runs one thread), which run
+    at once, so CI's two cores both work on the slowest fixture of the suite."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", **env_extra)
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, str(HERE / script), json.dumps(cases)], env=env, capture_output=True,
-                         text=True, timeout=timeout, cwd=str(HERE.parent))
-    res = {}
-    for line in out.stdout.splitlines():
-        if line.startswith("{"):
-            d = json.loads(line)
-            res[d["id"]] = d
+    workers = max(1, min(len(cases), int(os.environ.get("FALCON_INTERP_WORKERS", min(2, os.cpu_count() or 1)))))
+    parts = [cases[i::workers] for i in range(workers)]
+    procs = [subprocess.Popen([sys.executable, str(HERE / script), json.dumps(part)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=str(HERE.parent)) for part in parts]
+    res, outs = {}, []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outs.append((out, err))
+        for line in out.splitlines():
+            if line.startswith("{"):
+                d = json.loads(line)
+                res[d["id"]] = d
     if not res:
-        pytest.fail(f"interpreter subprocess produced no results:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+        pytest.fail("interpreter subprocess produced no results:\n" + "\n".join(
+            f"{o[-2000:]}\n{e[-4000:]}" for o, e in outs))
     return res
