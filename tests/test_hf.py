@@ -374,7 +374,7 @@ def test_falcon_attention_is_the_platform_mixer(knobs):
     """fla's layer shape over the platform's FalconMixer: same output for the same weights; padding (fla's
     unpadding) and cu_seqlens equal per-sequence runs; a cached prefill + one-token steps equal the full pass."""
     from falcon_lab.hf import FalconAttention, FalconLabCache
-    from falcon_lab.models.mixers.registry import build_mixer
+    from falcon_lab.layers.registry import build_mixer
     torch.manual_seed(0)
     D, H = 48, 3
     ref = build_mixer({"name": "falcon", **knobs}, D, H, D // H, 0).eval()

@@ -4,7 +4,7 @@ import torch
 
 pytest.importorskip("fla")  # dev dependency (fla-core); its naive.py references run on CPU
 
-from falcon_lab.models.mixers import build_mixer  # noqa: E402
+from falcon_lab.layers import build_mixer  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["deltanet", "gated_deltanet", "mamba2", "retnet"])

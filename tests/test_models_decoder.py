@@ -4,7 +4,7 @@ import torch
 
 from falcon_lab.models import build_model
 from falcon_lab.models.parallelize import parallelize
-from falcon_lab.models.mixers import build_mixer
+from falcon_lab.layers import build_mixer
 
 TINY = dict(d_model=32, n_layers=2, n_heads=2, head_dim=16)
 MIXERS = [dict(name="falcon", variant=v) for v in ("1", "2", "3", "1A", "2A", "3A")] + [
@@ -109,7 +109,7 @@ def test_preset_gate_ranges_bound_the_decay(variant, gate):
     """docs/training.md: with RMS keys (no gain), scaled λ, lam_scale <= 1, eta_max <= 1, beta_max <= 2,
     α = ηλ <= σ_η·λ̄ (ctx_eta) or βλ̄/(1+λ̄) (ctx_beta), so α < 1 and the clamp only fires at saturation."""
     from falcon_lab.kernels.prep import prepare
-    from falcon_lab.models.mixers.base import rms_normalize
+    from falcon_lab.layers.base import rms_normalize
 
     torch.manual_seed(0)
     mix = build_mixer(dict(name="falcon", variant=variant, preset=".3", gate=gate, window=4 if "3" in variant else None),
@@ -155,7 +155,7 @@ def test_preset_given_as_float_on_the_command_line_is_understood():
     cfg = compose(["mixer=falcon", "mixer.variant=1", "mixer.preset=.3"])
     assert cfg.mixer.preset == "0.3"
     validate_config(cfg)
-    from falcon_lab.models.mixers.falcon import FalconMixer
+    from falcon_lab.layers.falcon import FalconMixer
     m = FalconMixer(32, 2, 16, variant="1", preset=0.3)
     assert m.preset == ".3" and m.qk_norm == "rmsnorm" and m.gate == "ctx_eta"
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import falcon_lab.models.mixers.baselines as baselines
-import falcon_lab.models.mixers.falcon as falcon
+import falcon_lab.layers.baselines as baselines
+import falcon_lab.layers.falcon as falcon
 from falcon_lab.models import build_model
 
 TINY = dict(d_model=32, n_layers=1, n_heads=2, head_dim=16)

@@ -74,7 +74,7 @@ def test_qk_norm_torch_matches_float64_formula(dtype, tol, kind, gain):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_torch_path_is_todays_base_numerics(dtype):
     x = torch.randn(2, 7, 3, 64).to(dtype)
-    # the numerics the mixers had before these modules (written out: models/mixers/base.py, 0d99b9a)
+    # the numerics the mixers had before these modules (written out: layers/base.py, 0d99b9a)
     weight = torch.empty(64).uniform_(0.5, 1.5)
     old_hat = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
     old = old_hat * weight  # an fp32 weight promoted a bf16 x_hat to fp32

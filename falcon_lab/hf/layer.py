@@ -31,7 +31,7 @@ class FalconAttention(nn.Module):
     def __init__(self, hidden_size: int = 2048, num_heads: int = 16, head_dim: int | None = None,
                  layer_idx: int | None = None, **knobs):
         super().__init__()
-        from falcon_lab.models.mixers.registry import build_mixer
+        from falcon_lab.layers.registry import build_mixer
 
         if head_dim is None:
             if hidden_size % num_heads:

@@ -63,7 +63,7 @@ class FalconLabPreTrainedModel(PreTrainedModel):
     def _fresh_twin(self, module):
         """A CPU copy of `module` with the platform's own construction-time values."""
         from falcon_lab.models.decoder import build_model
-        from falcon_lab.models.mixers.registry import build_mixer
+        from falcon_lab.layers.registry import build_mixer
 
         path = next((name for name, m in self.named_modules() if m is module), None)
         if path is None:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from falcon_lab.models.graph_step import GraphStep
 from falcon_lab.models.loss import LOSS_IMPLS, lm_nll
 from falcon_lab.modules import RMSNorm
-from falcon_lab.models.mixers.registry import build_mixer
+from falcon_lab.layers.registry import build_mixer
 
 
 def swiglu_hidden(d_model: int, mult: float = 8 / 3, multiple_of: int = 64) -> int:

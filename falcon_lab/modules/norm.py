@@ -326,7 +326,7 @@ def qk_norm(u: torch.Tensor, kind: str, eps: float, gain: Optional[torch.Tensor]
 
 # -------------------------------------------------------------------------------------- modules
 class RMSNorm(nn.Module):
-    """Drop-in for models.mixers.base.RMSNorm (same `weight` parameter, same state_dict); output x.dtype."""
+    """Drop-in for layers.base.RMSNorm (same `weight` parameter, same state_dict); output x.dtype."""
 
     def __init__(self, dim: int, eps: float = 1e-6, gain: bool = True, backend: Optional[str] = None):
         super().__init__()

@@ -28,7 +28,7 @@ def effective_mixer(mixer: dict) -> dict:
     mixer = dict(mixer or {})
     if mixer.get("name") != "falcon":
         return mixer
-    from falcon_lab.models.mixers.falcon_config import FalconConfig, normalize_preset
+    from falcon_lab.layers.falcon_config import FalconConfig, normalize_preset
 
     try:
         c = FalconConfig(variant=mixer.get("variant"), preset=mixer.get("preset"),
@@ -42,7 +42,7 @@ def effective_mixer(mixer: dict) -> dict:
 
 def effective_preset(mixer: dict) -> str | None:
     """The preset whose knobs the (effective) Falcon mixer has, or None when it matches none."""
-    from falcon_lab.models.mixers.falcon import PRESETS
+    from falcon_lab.layers.falcon import PRESETS
 
     eff = effective_mixer(mixer)
     for name, knobs in PRESETS.items():
@@ -53,7 +53,7 @@ def effective_preset(mixer: dict) -> str | None:
 
 def falcon_label(mixer: dict) -> str:
     """``Falcon-<variant><effective preset>``; off-preset knobs appended to the configured preset."""
-    from falcon_lab.models.mixers.falcon import PRESETS, normalize_preset
+    from falcon_lab.layers.falcon import PRESETS, normalize_preset
 
     eff = effective_mixer(mixer)
     base = f"Falcon-{eff.get('variant')}"

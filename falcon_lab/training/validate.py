@@ -81,7 +81,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("falcon_dirname", check_experiment_name)
     from hydra.core.config_store import ConfigStore
 
-    from falcon_lab.models.mixers.falcon_config import FalconConfig
+    from falcon_lab.layers.falcon_config import FalconConfig
 
     ConfigStore.instance().store(group="mixer", name="falcon_schema", node=FalconConfig)
 
@@ -114,7 +114,7 @@ def derive_accumulation(global_batch, batch_size: int, world_size: int, configur
 
 def validate_config(cfg: DictConfig) -> None:
     from falcon_lab.data.registry import get_datamodule_cls
-    from falcon_lab.models.mixers.registry import get_mixer_cls, mixer_knobs
+    from falcon_lab.layers.registry import get_mixer_cls, mixer_knobs
 
     OmegaConf.set_struct(cfg, True)
     if cfg.get("logger") is not None:
@@ -155,7 +155,7 @@ def validate_config(cfg: DictConfig) -> None:
         if k != "name" and k not in knobs:
             raise ConfigError(f"mixer.{k}: not a knob of mixer {name!r} (knobs: {sorted(knobs)})")
     if name == "falcon":  # every Falcon knob: its type, value, preset and applicability (falcon_config.py)
-        from falcon_lab.models.mixers.falcon_config import FalconConfig
+        from falcon_lab.layers.falcon_config import FalconConfig
 
         try:
             FalconConfig.from_knobs(mixer).resolved()

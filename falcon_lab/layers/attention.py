@@ -5,8 +5,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from falcon_lab.models.mixers.base import Mixer, positions_in_sequence
-from falcon_lab.models.mixers.registry import register_mixer
+from falcon_lab.layers.base import Mixer, positions_in_sequence
+from falcon_lab.layers.registry import register_mixer
 
 
 ROPE_TABLE = 32768  # positions whose cos/sin each attention layer keeps precomputed (ours)

@@ -21,7 +21,7 @@ def register_mixer(name: str):
 
 def _load_builtin():
     for m in _BUILTIN:
-        importlib.import_module(f"falcon_lab.models.mixers.{m}")
+        importlib.import_module(f"falcon_lab.layers.{m}")
 
 
 def available_mixers() -> list[str]:

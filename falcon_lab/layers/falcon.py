@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from falcon_lab.kernels import FalconSpec, chunk_falcon, fused_recurrent_falcon
-from falcon_lab.models.mixers.base import (
+from falcon_lab.layers.base import (
     Mixer,
     _gate_dtype,
     check_module_backend,
@@ -46,9 +46,9 @@ from falcon_lab.models.mixers.base import (
     positions_in_sequence,
 )
 from falcon_lab.modules import FusedRMSNormGated, RMSNorm, ShortConvolution, qk_norm
-from falcon_lab.models.mixers.registry import register_mixer
+from falcon_lab.layers.registry import register_mixer
 
-from falcon_lab.models.mixers.falcon_config import (  # noqa: F401  (re-exported: the knobs' one home)
+from falcon_lab.layers.falcon_config import (  # noqa: F401  (re-exported: the knobs' one home)
     DEFAULT_WINDOW,
     GATES,
     LAM_MODES,

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from falcon_lab.kernels import chunk_falcon, fused_recurrent_falcon
-from falcon_lab.models.mixers.base import (
+from falcon_lab.layers.base import (
     Mixer,
     _gate_dtype,
     flatten_for_varlen,
@@ -30,8 +30,8 @@ from falcon_lab.models.mixers.base import (
     positions_in_sequence,
 )
 from falcon_lab.modules import FusedRMSNormGated, RMSNorm, ShortConvolution
-from falcon_lab.models.mixers.falcon import operator_flops_per_token_head
-from falcon_lab.models.mixers.registry import register_mixer
+from falcon_lab.layers.falcon import operator_flops_per_token_head
+from falcon_lab.layers.registry import register_mixer
 
 CORES = ("falcon", "fla_naive", "fla")
 
