@@ -40,7 +40,8 @@ ROWS = {
 SCALES = {
     "paper": ["model=small", "trainer=gpu", "optim=paper", "optim.lr=1e-4", "optim.min_lr_ratio=0.05",
               "optim.warmup_steps=200", "data.batch_size=512", "trainer.max_steps=2000",
-              "trainer.val_check_interval=100", "addition_eval.every_n_steps=100"],
+              "trainer.val_check_interval=100", "addition_eval.every_n_steps=100",
+              "trainer.enable_progress_bar=false"],
     "h200": ["model=small", "model.n_layers=4", "model.d_model=256", "model.n_heads=2", "model.head_dim=128",
              "trainer=gpu", "optim=paper", "optim.lr=1e-4", "optim.min_lr_ratio=0.05", "optim.warmup_steps=200",
              "data.batch_size=256", "trainer.max_steps=2000", "trainer.val_check_interval=100",
@@ -50,6 +51,12 @@ SCALES = {
             "optim.lr=3e-3", "optim.warmup_steps=30", "addition_eval.every_n_steps=100",
             "addition_eval.n_examples=50"],
 }
+# the h200 scale in the authors' own surface forms (falcon-math.md §9.2: their generators reverse all
+# three numbers): "h200-var" = their variable_digit generator (each operand its own width, the
+# training distribution of their Table 3 config), "h200-rev" = their fixed_digit one (shared width,
+# leading zeros, all reversed). Same model, optimiser, batch and steps as "h200".
+SCALES["h200-var"] = SCALES["h200"] + ["data.format=variable"]
+SCALES["h200-rev"] = SCALES["h200"] + ["data.format=bracketed"]
 
 
 def main(argv=None):

@@ -4,8 +4,9 @@
 # The small h200-scale models leave most of an H200 idle, so rows share it (ours; see PLAN.md).
 #
 #   DEADLINE_S=480 RESULTS=/path/to/tarball.tgz experiments/addition/run_rows_parallel.sh \
-#       falcon_1a_3:0 transformer:0 ...
+#       falcon_1a_3:0 transformer:0 transformer:0:h200-var ...
 #
+# Each argument is ROW:SEED or ROW:SEED:SCALE (the scale of run_addition.py; default $SCALE).
 # A row still running at the deadline is stopped; its row JSON is then written from the history its
 # evaluation callback saved after every evaluation, marked "complete": false (--salvage). Calling the
 # script again on the same machine (same WORK) resumes every unfinished row from its last checkpoint
@@ -22,6 +23,10 @@ RESULTS=${RESULTS:-$WORK/results.tgz}
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$WORK/res" "$WORK/ml" "$WORK/logs" "$WORK/runs"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONUNBUFFERED=1
+# many processes compile at once: keep Inductor's worker pool per process small
+export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}
+# ROW:SEED[:SCALE] -> row, seed, scale, name (the name keys logs, run dirs and MLflow stores)
+parse() { IFS=: read -r row seed sc <<<"$1"; sc=${sc:-$SCALE}; name=${sc}_${row}_seed${seed}; }
 t0=$(date +%s)
 if "$PY" -c "import mlflow, sqlalchemy, alembic" >/dev/null 2>&1; then
   mlflow_for() { echo "logger.tracking_uri=sqlite:///$WORK/ml/$1/mlflow.db"; }
@@ -32,15 +37,15 @@ fi
 pack() { tar czf "$RESULTS" -C "$WORK" res ml logs $(cd "$WORK" && ls runs/*/addition_history.json 2>/dev/null); }
 pids=()
 for rs in "$@"; do
-  row=${rs%:*}; seed=${rs#*:}; name=${row}_seed${seed}
-  if [ -f "$WORK/res/$SCALE/$name.json" ] && grep -q '"complete": true' "$WORK/res/$SCALE/$name.json"; then
+  parse "$rs"
+  if [ -f "$WORK/res/$sc/${row}_seed$seed.json" ] && grep -q '"complete": true' "$WORK/res/$sc/${row}_seed$seed.json"; then
     echo "[rows] $name already complete"; continue
   fi
   resume=()
   ck="$WORK/runs/$name/checkpoints/last.ckpt"
   [ -f "$ck" ] && resume=("ckpt_path=$ck") && echo "[rows] $name resumes from $ck"
   timeout --signal=TERM --kill-after=15 "$DEADLINE" "$PY" "$HERE/run_addition.py" "$row" --seed "$seed" \
-    --scale "$SCALE" --out "$WORK/res" "run_dir=$WORK/runs/$name" \
+    --scale "$sc" --out "$WORK/res" "run_dir=$WORK/runs/$name" \
     "$(mlflow_for "$name")" "${resume[@]}" ${EXTRA:-} >>"$WORK/logs/$name.log" 2>&1 &
   pids+=($!)
   sleep 2  # stagger start-up (imports, Triton compiles share one cache)
@@ -51,7 +56,7 @@ while [ ${#pids[@]} -gt 0 ] && kill -0 "${pids[@]}" 2>/dev/null; do
   sleep 5; n=$((n + 1)); [ $((n % 12)) -eq 0 ] || continue
   line="[rows +$(( $(date +%s) - t0 ))s]"
   for rs in "$@"; do
-    name=${rs%:*}_seed${rs#*:}; h="$WORK/runs/$name/addition_history.json"
+    parse "$rs"; h="$WORK/runs/$name/addition_history.json"
     if [ -f "$h" ]; then
       line+=" $name:$("$PY" -c "import json,sys;h=json.load(open(sys.argv[1]))['history'][-1];print(f\"{h['step']}/{100*h['addition/val_acc']:.0f}/{100*h.get('addition/ood_mean',0):.0f}\")" "$h" 2>/dev/null)"
     else
@@ -63,11 +68,11 @@ done
 wait
 pack
 for rs in "$@"; do
-  row=${rs%:*}; seed=${rs#*:}; name=${row}_seed${seed}
-  if ! { [ -f "$WORK/res/$SCALE/$name.json" ] && grep -q '"complete": true' "$WORK/res/$SCALE/$name.json"; }; then
+  parse "$rs"
+  if ! { [ -f "$WORK/res/$sc/${row}_seed$seed.json" ] && grep -q '"complete": true' "$WORK/res/$sc/${row}_seed$seed.json"; }; then
     echo "[rows] $name did not finish (end of its log):"; tail -c 600 "$WORK/logs/$name.log"; echo
     if [ -f "$WORK/runs/$name/addition_history.json" ]; then
-      "$PY" "$HERE/run_addition.py" "$row" --seed "$seed" --scale "$SCALE" --out "$WORK/res" \
+      "$PY" "$HERE/run_addition.py" "$row" --seed "$seed" --scale "$sc" --out "$WORK/res" \
         --salvage "$WORK/runs/$name" 2>&1 | tail -n 1 &
     fi
   fi
