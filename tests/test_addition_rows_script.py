@@ -33,12 +33,12 @@ def test_rows_in_parallel_then_resumed_then_packed(tmp_path):
     for name in ("falcon_1a_3_seed0", "transformer_seed1"):
         row = json.loads((work / "res" / "cpu" / f"{name}.json").read_text())
         assert row["complete"] and row["steps"] == 20 and [h["step"] for h in row["history"]] == [10, 20]
-        assert (work / "ml" / name / "mlflow.db").exists()
+        assert (work / "ml" / f"cpu_{name}" / "mlflow.db").exists()  # stores keyed <scale>_<row>_seed<S>
     # an unfinished row (its JSON gone, its checkpoint kept) resumes from last.ckpt on the next call;
     # a finished one is left alone
     (work / "res" / "cpu" / "falcon_1a_3_seed0.json").unlink()
     out = _call(work, 40, "falcon_1a_3:0", "transformer:1")
-    assert "falcon_1a_3_seed0 resumes from" in out and "transformer_seed1 already complete" in out
+    assert "cpu_falcon_1a_3_seed0 resumes from" in out and "cpu_transformer_seed1 already complete" in out
     row = json.loads((work / "res" / "cpu" / "falcon_1a_3_seed0.json").read_text())
     assert row["complete"] and row["steps"] == 40
     assert [h["step"] for h in row["history"]] == [10, 20, 30, 40]  # the history rode in the checkpoint
@@ -46,11 +46,11 @@ def test_rows_in_parallel_then_resumed_then_packed(tmp_path):
     with tarfile.open(work / "results.tgz") as t:
         names = set(t.getnames())
     assert {"res/cpu/falcon_1a_3_seed0.json", "res/cpu/transformer_seed1.json",
-            "ml/transformer_seed1/mlflow.db"} <= names
+            "ml/cpu_transformer_seed1/mlflow.db"} <= names
     assert not [n for n in names if n.endswith(".ckpt")]
     # salvage: a row's JSON from its history alone, marked incomplete (no torch import needed)
     r = subprocess.run([sys.executable, str(RUNNER), "transformer", "--seed", "1", "--scale", "cpu",
-                        "--out", str(tmp_path / "salv"), "--salvage", str(work / "runs" / "transformer_seed1")]
+                        "--out", str(tmp_path / "salv"), "--salvage", str(work / "runs" / "cpu_transformer_seed1")]
                        + SMALL.split(), capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads((tmp_path / "salv" / "cpu" / "transformer_seed1.json").read_text())

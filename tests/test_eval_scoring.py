@@ -190,3 +190,22 @@ def test_text_sources(tmp_path):
     with pytest.raises(SourceUnavailable, match="wikitext"):  # tests run offline (conftest)
         load_texts("wikitext")
     assert len(load_texts("corpus", max_docs=2)) == 2  # the embedded corpus's validation split
+
+
+def test_variable_format_adds_the_capped_ood_split():
+    # variable format: besides exact-width OOD examples, the capped split draws each operand's width
+    # U{1..cap} (the authors' generator); a model that knows only the capped examples at cap 4 scores
+    # 1.0 there and 0.0 on the exact-width split, and the metrics say so under their own keys
+    task = AdditionTask(fmt="variable", train_widths=(1, 3), ood_widths=(4, 5), val_per_width=2, seed=0)
+    capped = task.fresh(4, 6, "oodcap", exact=False)
+    assert any(max(len(str(e.a)), len(str(e.b))) < 4 for e in capped)  # a cap, not an exact width
+    assert all(len(str(e.a)) == 4 and len(str(e.b)) == 4 for e in task.fresh(4, 6, "ood"))
+    seqs = [sum(example_tokens(TOK, e), []) for e in capped]
+    res = evaluate_addition(LookupLM.from_sequences(seqs), TOK, task, n_examples=6)
+    assert res.ood_cap[4].exact == 1.0 and res.ood[4].exact == 0.0
+    m = res.metrics()
+    assert m["addition/acc_cap_d4"] == 1.0 and m["addition/ood_mean"] == 0.0
+    assert m["addition/ood_cap_mean"] == pytest.approx((1.0 + res.ood_cap[5].exact) / 2)
+    # the other formats have no capped split
+    assert evaluate_addition(LookupLM.from_sequences(seqs), TOK, AdditionTask(train_widths=(1, 3), ood_widths=(4, 5),
+                             val_per_width=2), n_examples=2).ood_cap == {}

@@ -50,7 +50,7 @@ for rs in "$@"; do
   pids+=($!)
   sleep 2  # stagger start-up (imports, Triton compiles share one cache)
 done
-# progress: the last evaluation of each row (step/ID val %/OOD mean %), every 60 s
+# progress: the last evaluation of each row (step/ID val %/OOD mean %/capped OOD mean %), every 60 s
 n=0
 while [ ${#pids[@]} -gt 0 ] && kill -0 "${pids[@]}" 2>/dev/null; do
   sleep 5; n=$((n + 1)); [ $((n % 12)) -eq 0 ] || continue
@@ -58,7 +58,7 @@ while [ ${#pids[@]} -gt 0 ] && kill -0 "${pids[@]}" 2>/dev/null; do
   for rs in "$@"; do
     parse "$rs"; h="$WORK/runs/$name/addition_history.json"
     if [ -f "$h" ]; then
-      line+=" $name:$("$PY" -c "import json,sys;h=json.load(open(sys.argv[1]))['history'][-1];print(f\"{h['step']}/{100*h['addition/val_acc']:.0f}/{100*h.get('addition/ood_mean',0):.0f}\")" "$h" 2>/dev/null)"
+      line+=" $name:$("$PY" -c "import json,sys;h=json.load(open(sys.argv[1]))['history'][-1];print(f\"{h['step']}/{100*h['addition/val_acc']:.0f}/{100*h.get('addition/ood_mean',0):.0f}/{100*h.get('addition/ood_cap_mean',0):.0f}\")" "$h" 2>/dev/null)"
     else
       line+=" $name:-"
     fi

@@ -74,6 +74,10 @@ class AdditionResult:
     val: dict[int, WidthScore]
     ood: dict[int, WidthScore]
     notes: list[str] = field(default_factory=list)
+    # variable format only: OOD "widths" as the authors' generator reads them, a cap (each operand's
+    # width ~ U{1..cap}); most capped examples lie inside the training widths (ours, reported beside
+    # the exact-width split because the paper's per-width numbers fit this reading; PLAN.md)
+    ood_cap: dict[int, WidthScore] = field(default_factory=dict)
 
     @property
     def val_acc(self) -> float:
@@ -104,17 +108,22 @@ class AdditionResult:
             fr = [s.free_exact for s in self.ood.values() if s.free_exact is not None]
             if fr:
                 m[prefix + "ood_free_mean"] = sum(fr) / len(fr)
+        if self.ood_cap:
+            lo, hi = min(self.ood_cap), max(self.ood_cap)
+            m[prefix + "ood_cap_mean"] = sum(s.exact for s in self.ood_cap.values()) / len(self.ood_cap)
+            m[prefix + f"acc_cap_d{lo}"] = self.ood_cap[lo].exact
+            m[prefix + f"acc_cap_d{hi}"] = self.ood_cap[hi].exact
         return m
 
     def to_dict(self) -> dict:
         def ws(d):
             return {str(k): vars(v) for k, v in d.items()}
         return {"format": self.fmt, "eos_in_answer": self.eos_in_answer, "metrics": self.metrics(),
-                "val": ws(self.val), "ood": ws(self.ood), "notes": self.notes}
+                "val": ws(self.val), "ood": ws(self.ood), "ood_cap": ws(self.ood_cap), "notes": self.notes}
 
     def table(self) -> str:
         lines = ["width  split  n    exact%  token%  free%  held_out"]
-        for split, d in (("val", self.val), ("ood", self.ood)):
+        for split, d in (("val", self.val), ("ood", self.ood), ("cap", self.ood_cap)):
             for n, s in d.items():
                 fe = "-" if s.free_exact is None else f"{100 * s.free_exact:5.1f}"
                 ho = "" if s.held_out is None else str(s.held_out)
@@ -147,16 +156,21 @@ def evaluate_addition(model, tokenizer, task: AdditionTask, *, n_examples: int =
     try:
         v = score_examples(model, tokenizer, val, eos_in_answer=eos_in_answer, free_running=free_running,
                            batch_size=batch_size, held_out=held, progress=progress, desc="addition ID val")
-        o = {}
+        o, cap = {}, {}
         if ood:
             widths = ood_widths if ood_widths is not None else range(task.ood_widths[0], task.ood_widths[1] + 1)
             o = score_examples(model, tokenizer, {n: task.fresh(n, n_examples, "ood") for n in widths},
                                eos_in_answer=eos_in_answer, free_running=free_running,
                                batch_size=batch_size, progress=progress, desc="addition OOD")
+            if task.fmt == "variable":
+                cap = score_examples(model, tokenizer,
+                                     {n: task.fresh(n, n_examples, "oodcap", exact=False) for n in widths},
+                                     eos_in_answer=eos_in_answer, free_running=free_running,
+                                     batch_size=batch_size, progress=progress, desc="addition OOD (capped)")
     finally:
         if was_training and hasattr(model, "train"):
             model.train()
-    return AdditionResult(task.fmt, eos_in_answer, v, o, notes)
+    return AdditionResult(task.fmt, eos_in_answer, v, o, notes, cap)
 
 
 def plot_addition(result: AdditionResult, path: str, title: str | None = None) -> str:
@@ -236,7 +250,8 @@ class AdditionEvalCallback(_lightning_callback_base()):
             pl_module.train()
         m = res.metrics()
         widths = {"val_by_width": {str(w): sc.exact for w, sc in res.val.items()},
-                  "ood_by_width": {str(w): sc.exact for w, sc in res.ood.items()}}  # for per-width plots
+                  "ood_by_width": {str(w): sc.exact for w, sc in res.ood.items()},  # for per-width plots
+                  **({"ood_cap_by_width": {str(w): sc.exact for w, sc in res.ood_cap.items()}} if res.ood_cap else {})}
         self.history.append({"step": step, **m, **widths})
         if self.best is None or m["addition/val_acc"] >= self.best["addition/val_acc"]:
             self.best = {"step": step, **m, **widths}

@@ -188,15 +188,18 @@ class AdditionTask:
                 return format_example(a, b, n, self.fmt)
 
     # -- fresh evaluation sets ------------------------------------------------------------------
-    def fresh(self, width: int, count: int = 100, tag: str = "ood") -> list[AdditionExample]:
+    def fresh(self, width: int, count: int = 100, tag: str = "ood", exact: bool = True) -> list[AdditionExample]:
         """``count`` fresh examples at ``width``, drawn independently (seeded by (seed, tag,
         width)); in the ``variable`` format both operands have exactly ``width`` digits (ours: the
         authors' generator only caps the width, which would make "width 48" mostly short numbers). At OOD widths training never produced such examples; at training widths they may
-        coincide with training pairs (use :meth:`validation` for held-out pairs)."""
+        coincide with training pairs (use :meth:`validation` for held-out pairs). ``exact=False`` (the
+        ``variable`` format only) draws like the authors' generator with ``width`` as the cap: each
+        operand's width ~ U{1..width}, so most examples at a cap of 33-48 are inside the training
+        widths (the "capped" OOD split; see falcon_lab.evaluation.addition)."""
         rng = random.Random(f"addition-{tag}-{self.seed}-{self.fmt}-{width}")
         out = []
         while len(out) < count:
-            a, b = sample_operands(rng, width, self.fmt, exact=True)
+            a, b = sample_operands(rng, width, self.fmt, exact=exact)
             out.append(format_example(a, b, width, self.fmt))
         return out
 
