@@ -267,7 +267,22 @@ def test_addition_report_table_marks_incomplete_rows_and_plots(tmp_path):
     line = next(x for x in md.splitlines() if x.startswith("| Falcon-1A.3"))
     assert "0, 1*" in line and "60.0 (50.0–70.0)" in line and "stopped at step 900" in line
     assert "85.9 / 100.0 / 69.0" in line
+    assert "capped" not in md  # the text format has no capped split
     assert (d / "per_width.png").stat().st_size > 0
+    # the variable format's capped split gets its own columns, seeds aggregated the same way
+    v = tmp_path / "h200-var"
+    v.mkdir()
+    for seed, cap in ((0, 0.4), (1, 0.6)):
+        r = row("transformer", seed, 0.0, True, 1200)
+        r.update(format="variable", ood_cap_mean=cap, acc_cap_first=cap + 0.2, acc_cap_last=cap - 0.2)
+        r["history"][0]["ood_cap_by_width"] = {"33": cap, "34": cap}
+        (v / f"transformer_seed{seed}.json").write_text(json.dumps(r))
+    assert mod.main(["--scale", "h200-var", "--results", str(tmp_path)]) == 0
+    md = (v / "table.md").read_text()
+    assert "capped: mean 33–48" in md
+    line = next(x for x in md.splitlines() if x.startswith("| Transformer"))
+    assert "50.0 (40.0–60.0) | 70.0 (60.0–80.0) | 30.0 (20.0–40.0)" in line
+    assert (v / "per_width.png").stat().st_size > 0
 
 
 def test_load_checkpoint_drops_training_time_knobs(trained, tmp_path):

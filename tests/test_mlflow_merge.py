@@ -58,3 +58,27 @@ def test_merge_missing_source_is_named(tmp_path):
     from falcon_lab.training.mlflow_merge import main
     with pytest.raises(FileNotFoundError, match="no store at"):
         main([str(tmp_path / "nope.db"), "--into", str(tmp_path / "d.db")])
+
+
+def test_portable_store_opens_from_its_root_after_a_move(tmp_path, monkeypatch):
+    # --portable ROOT: artifact locations under ROOT become relative, so a committed store still finds
+    # its artifacts on a clone at another path, read from the clone's root
+    from mlflow.tracking import MlflowClient
+
+    from falcon_lab.training.mlflow_merge import main
+    src = tmp_path / "device"
+    src.mkdir()
+    _, cid = _make_store(src)
+    repo = tmp_path / "repo"
+    dst = repo / "results" / "mlflow" / "mlflow.db"
+    assert main([str(src / "mlflow.db"), "--into", str(dst), "--portable", str(repo)]) == 0
+    clone = tmp_path / "clone"
+    shutil.copytree(repo, clone)
+    shutil.rmtree(repo)
+    monkeypatch.chdir(clone)
+    c = MlflowClient(f"sqlite:///{clone / 'results' / 'mlflow' / 'mlflow.db'}")
+    runs = c.search_runs([e.experiment_id for e in c.search_experiments()])
+    child = next(r for r in runs if r.info.run_name == "trial_0")
+    assert child.info.artifact_uri.startswith("results/mlflow/artifacts/")
+    assert [a.path for a in c.list_artifacts(child.info.run_id)] == ["note.txt"]
+    assert (clone / c.download_artifacts(child.info.run_id, "note.txt")).read_text() == "hello"

@@ -11,7 +11,11 @@ history and its artifacts, and gets the tag ``merge.source_run_id``; copying the
 adds nothing (runs already copied are skipped). Parent/child links (sweeps) are remapped.
 
     python -m falcon_lab.training.mlflow_merge --into sqlite:///experiments/addition/mlruns/mlflow.db \\
-        run1/mlflow.db run2/mlflow.db [--experiment addition_h200]
+        run1/mlflow.db run2/mlflow.db [--experiment addition_h200] [--portable .]
+
+``--portable ROOT`` (SQLite destinations): afterwards, artifact locations under ROOT are rewritten
+relative to ROOT, so a store committed to the repository opens on any clone with
+``mlflow ui --backend-store-uri sqlite:///<path>/mlflow.db`` started from ROOT (ours).
 """
 from __future__ import annotations
 
@@ -109,11 +113,48 @@ def copy_runs(src_uri: str, dst_uri: str, experiment_name: str | None = None, ve
     return out
 
 
+def make_portable(db: str | Path, root: str | Path) -> int:
+    """Rewrite a SQLite store's run artifact URIs and experiment artifact locations that lie under
+    ``root`` as paths relative to ``root`` (MLflow resolves a scheme-less artifact path against the
+    working directory). Locations outside ``root`` are left alone. Returns how many were rewritten."""
+    import sqlite3
+
+    root = Path(root).resolve()
+
+    def rel(uri: str | None) -> str | None:
+        if not uri:
+            return None
+        path = Path(urlparse(uri).path) if uri.startswith("file:") else Path(uri)
+        if not path.is_absolute():
+            return None
+        try:
+            return path.resolve().relative_to(root).as_posix()
+        except ValueError:
+            return None
+
+    n = 0
+    con = sqlite3.connect(str(db))
+    try:
+        for table, key, col in (("runs", "run_uuid", "artifact_uri"),
+                                ("experiments", "experiment_id", "artifact_location")):
+            for k, uri in con.execute(f"SELECT {key}, {col} FROM {table}").fetchall():
+                r = rel(uri)
+                if r is not None:
+                    con.execute(f"UPDATE {table} SET {col} = ? WHERE {key} = ?", (r, k))
+                    n += 1
+        con.commit()
+    finally:
+        con.close()
+    return n
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sources", nargs="+", help="source stores: mlflow.db paths or tracking URIs")
     ap.add_argument("--into", required=True, help="destination tracking URI or mlflow.db path")
     ap.add_argument("--experiment", default=None, help="put every run into this experiment")
+    ap.add_argument("--portable", metavar="ROOT", default=None,
+                    help="afterwards store artifact locations under ROOT relative to ROOT (SQLite only)")
     a = ap.parse_args(argv)
     from falcon_lab import logs
 
@@ -125,6 +166,12 @@ def main(argv=None) -> int:
     for s in a.sources:
         n += sum(1 for _, nid in copy_runs(_uri(s), dst, a.experiment) if nid)
     print(f"[mlflow_merge] copied {n} run(s) into {dst}")
+    if a.portable:
+        if not dst.startswith("sqlite:///"):
+            raise SystemExit("mlflow_merge: --portable needs a SQLite destination (--into path/mlflow.db)")
+        k = make_portable(dst[len("sqlite:///"):], a.portable)
+        print(f"[mlflow_merge] {k} artifact location(s) made relative to {Path(a.portable).resolve()}; "
+              f"open it from there: mlflow ui --backend-store-uri {dst}")
     return 0
 
 
