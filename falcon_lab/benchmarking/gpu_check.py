@@ -182,7 +182,11 @@ def main(argv=None):
                 dict(variant="3", B=2, T=1000, H=2, K=64, V=64, C=64, dtype="bfloat16"),
                 dict(variant="3", B=1, T=500, H=2, K=64, V=64, C=32, dtype="float32", read_after=False),
                 dict(variant="2A", B=2, T=1000, H=2, K=64, V=64, C=32, dtype="bfloat16"),
-                dict(variant="2A", B=1, T=500, H=2, K=128, V=128, C=64, dtype="float32", strong=True)]
+                dict(variant="2A", B=1, T=500, H=2, K=128, V=128, C=64, dtype="float32", strong=True),
+                # issue 15: the shape whose fwd+bwd died with "illegal memory access" on the H200
+                # (2026-12-01; check_core always has S0 and a gradient through S_T, as initial state +
+                # output_final_state=True). Last core row: an illegal access poisons the CUDA context.
+                dict(variant="2", B=1, T=1000, H=2, K=128, V=128, C=64, dtype="bfloat16")]
     only = [v.strip() for v in args.variants.split(",")]
     for variant in (() if args.final else only):
         for dtype in ("bfloat16", "float32"):

@@ -258,11 +258,28 @@ def _pcd_bwd_solve(X, ETA, G, HS, RR, DRHS, SUP, SU, DX32, DX, DV, DETA, DG, T, 
     tl.store(DX + tok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
 
 
+def _check_layout(**named):
+    """The kernels index every tensor as a dense row-major block of the shape given here (token rows
+    (b*T + t)*H + h times K or V; states (b*H + h)*K*V; per-chunk states ((b*H + h)*NT + n)*K*V), with
+    masks only for the tile padding (rows >= T, columns >= K or V). Every load/store is in bounds
+    exactly when each tensor holds at least that many elements in that layout: refuse anything else
+    rather than read or write past it (issue 15)."""
+    for name, (t, shape) in named.items():
+        if t is None:
+            continue
+        if tuple(t.shape) != tuple(shape) or not t.is_contiguous():
+            raise ValueError(f"Falcon-2 Triton kernels: {name} must be a contiguous {tuple(shape)} tensor, got "
+                             f"shape {tuple(t.shape)}, strides {t.stride()}")
+
+
 def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32):
     """Falcon-2 core forward (per-column γ, η; regression; window 1) -> (O, S_T, saved for backward)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, C)
+    # bounds precondition of every pointer below (window 1: x and v have T rows, not T + W - 1)
+    _check_layout(q=(q, (B, T, H, K)), x=(x, (B, T, H, K)), v=(v, (B, T, H, V)), eta=(eta, (B, T, H, V)),
+                  g=(g, (B, T, H, V)), S0=(S0, (B, H, K, V)))
     BK, BVs, BVo, BVm, wm = _cfg(K, V)
     dev = q.device
     prec = _prec(q.dtype, allow_tf32, dev)
@@ -298,6 +315,10 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
         dO = torch.zeros(B, T, H, V, dtype=q.dtype, device=dev)
     dO = dO.contiguous()
     dST = dST.contiguous().float() if dST is not None else None
+    # bounds precondition of every pointer below, the saved HS / RR included
+    _check_layout(q=(q, (B, T, H, K)), x=(x, (B, T, H, K)), v=(v, (B, T, H, V)), eta=(eta, (B, T, H, V)),
+                  g=(g, (B, T, H, V)), HS=(HS, (B, H, NT, K, V)), RR=(RR, (B, T, H, V)), dO=(dO, (B, T, H, V)),
+                  dST=(dST, (B, H, K, V)))
     DUI = torch.empty(B, T, H, V, dtype=f32, device=dev)
     _pcd_bwd_dui[(NT, B * H)](q, x, g, dO, DUI, T, H, K, V, C, BK, SB, read_after, prec, num_warps=8, **st)
     DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
