@@ -50,8 +50,11 @@ def main(cfg: DictConfig) -> float:
               f"shuffled, real preferred in {100 * res['metrics']['val/shuffle_win_rate']:.0f}% of verses")
     print(f"[falcon_lab] run dir: {res['run_dir']}\n[falcon_lab] checkpoint: {res['ckpt_path']}")
     if res["run_id"]:
+        from falcon_lab.training.mlflow import view_url
+        where = (f"\n  then: {view_url(res['tracking_uri'], res['experiment_id'])}"
+                 if res.get("experiment_id") is not None else "")
         print(f"[falcon_lab] MLflow run {res['run_id']} (experiment {cfg.logger.experiment_name}); "
-              f"open the UI with:\n    {ui_command(res['tracking_uri'])}", flush=True)
+              f"open the UI with:\n    {ui_command(res['tracking_uri'])}{where}", flush=True)
     return float(res["val_loss"])
 
 

@@ -6,6 +6,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+# data=kjv / text / jsonl cache their tokens under `auto` (~/.cache/falcon_lab/tokens): one throwaway
+# folder per test session instead, inherited by subprocesses, so tests never write into the real home
+if "FALCON_LAB_TOKEN_CACHE" not in os.environ:
+    import tempfile
+    os.environ["FALCON_LAB_TOKEN_CACHE"] = tempfile.mkdtemp(prefix="falcon_lab_tokens_")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

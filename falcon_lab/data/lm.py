@@ -14,8 +14,12 @@ at every document start (and at row starts).
 
 With `data.cache_dir` set, the splits are tokenised once, in `prepare_data` (local rank 0; the other ranks
 wait), into memory-mapped shards every rank reads (shards.py); a rerun with the same corpus, tokenizer and
-settings reuses them, and a learned BPE is saved beside them and reused. Without it, each process
-tokenises in memory (fine for the embedded corpus and small files).
+settings reuses them, and a learned BPE is saved beside them and reused. `data.cache_dir: auto` (the default
+of data=kjv / text / jsonl) is the per-user cache `$FALCON_LAB_TOKEN_CACHE`, else
+`$XDG_CACHE_HOME/falcon_lab/tokens`, else `~/.cache/falcon_lab/tokens` (`resolve_cache_dir`), so DDP ranks,
+sweep workers and reruns share one tokenisation of a corpus; when that folder cannot be written, the run
+tokenises in memory with a warning. `data.cache_dir: null` (or `FALCON_LAB_TOKEN_CACHE=off` for `auto`)
+switches the cache off: each process tokenises in memory.
 
 Training order is a pure function of (seed, global batch index): resuming at global step s continues
 with exactly the batches an uninterrupted run would have seen, on any number of ranks.
@@ -39,6 +43,44 @@ from falcon_lab.data.tokenizer import BPETokenizer, build_tokenizer
 
 IGNORE = -100
 log = logging.getLogger(__name__)
+CACHE_ENV = "FALCON_LAB_TOKEN_CACHE"
+_OFF = ("", "off", "none", "null", "false", "no", "0")
+
+
+# ----------------------------------------------------------------------------------------- token cache
+def default_token_cache() -> Path | None:
+    """The per-user token cache `data.cache_dir: auto` stands for: $FALCON_LAB_TOKEN_CACHE (`off`: none), else
+    $XDG_CACHE_HOME/falcon_lab/tokens, else ~/.cache/falcon_lab/tokens."""
+    env = os.environ.get(CACHE_ENV)
+    if env is not None:
+        return None if env.strip().lower() in _OFF else Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    try:
+        base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    except RuntimeError:  # no home folder to be found: no default cache
+        return None
+    return base / "falcon_lab" / "tokens"
+
+
+def resolve_cache_dir(value) -> Path | None:
+    """The folder `data.cache_dir` names: None when off (null, false, `off`), the per-user cache for `auto`
+    (default_token_cache), else the path (`~` expanded; relative to the current folder)."""
+    if value is None or value is False:
+        return None
+    s = str(value).strip()
+    if s.lower() in _OFF:
+        return None
+    if s.lower() == "auto":
+        return default_token_cache()
+    return Path(os.path.expanduser(s))
+
+
+def _writable_dir(folder: Path) -> bool:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK | os.X_OK)
 
 
 # ----------------------------------------------------------------------------------------- packing
@@ -183,6 +225,7 @@ class LMDataModule(L.LightningDataModule):
         self._rows: dict[str, PackedRows] = {}
         self._streams: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._shard_dir: Path | None | bool = False  # False: not computed yet
+        self._reported = False  # "token shards reused" logged once
         self.tokenizer = self._build_tokenizer()
 
     # -- boundaries
@@ -283,8 +326,8 @@ class LMDataModule(L.LightningDataModule):
         """The shard folder of these settings under data.cache_dir (None without a cache_dir)."""
         if self._shard_dir is not False:
             return self._shard_dir
-        cache = self.cfg.get("cache_dir")
-        if not cache:
+        cache = resolve_cache_dir(self.cfg.get("cache_dir"))
+        if cache is None:
             self._shard_dir = None
             return None
         c = self.cfg
@@ -299,7 +342,15 @@ class LMDataModule(L.LightningDataModule):
         what = {"hf": c.get("path") or c.get("hf_name"), "text": c.get("path"), "jsonl": c.get("path")}.get(self.source)
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(str(what)).name)[:40] if what else ""
         name = "-".join(x for x in (self.source, slug, shards.shard_key(inputs)) if x)
-        self._shard_dir = Path(os.path.expanduser(str(cache))).resolve() / name
+        folder = cache.resolve() / name
+        auto = str(c.get("cache_dir")).strip().lower() == "auto"
+        if auto and shards.read_meta(folder) is None and not _writable_dir(folder.parent):
+            # the default cache is a convenience: a read-only or full home must not stop the run
+            log.warning("data: the token cache %s cannot be written; tokenising in memory (set data.cache_dir to a "
+                        "writable folder, or data.cache_dir=null to silence this)", folder.parent)
+            self._shard_dir = None
+            return None
+        self._shard_dir = folder
         self._shard_inputs = inputs
         return self._shard_dir
 
@@ -311,7 +362,10 @@ class LMDataModule(L.LightningDataModule):
     def _ensure_shards(self) -> dict:
         folder = self.shard_dir()
         meta = shards.read_meta(folder)
-        if meta is not None:
+        if meta is not None and shards.is_complete(folder, meta):
+            if not self._reported:
+                self._reported = True
+                log.info("data: token shards reused from %s", folder)
             return meta
         tok = self.tokenizer
         dtype = shards.token_dtype(tok.vocab_size)

@@ -1,7 +1,8 @@
 """Token shards: a split tokenised once into a flat memory-mapped file every rank reads.
 
-A shard folder `<data.cache_dir>/<source>-<key>/` holds, per split, `<split>.bin` (the packed token stream,
-raw uint16 when the vocabulary fits, else int32) and `<split>.docs.npy` (int64 offsets of the document
+A shard folder `<data.cache_dir>/<source>-<key>/` (`data.cache_dir: auto`: the per-user cache,
+~/.cache/falcon_lab/tokens by default; see lm.resolve_cache_dir) holds, per split, `<split>.bin` (the packed
+token stream, raw uint16 when the vocabulary fits, else int32) and `<split>.docs.npy` (int64 offsets of the document
 starts in it), the tokenizer (`tokenizer.json`, for Hugging Face tokenizers: the learned BPE lives here
 and is reused), and `meta.json`, written last: a folder without it is unfinished and rebuilt. The key is a
 hash of everything the tokens depend on (corpus fingerprint, tokenizer, document boundary, caps), so a
@@ -14,6 +15,7 @@ import hashlib
 import json
 import os
 import socket
+import threading
 from pathlib import Path
 from typing import Iterable
 
@@ -27,7 +29,8 @@ def shard_key(inputs: dict) -> str:
 
 
 def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    # unique per host, process and thread: concurrent writers never share a temporary file
+    return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -129,6 +132,20 @@ def read_meta(folder: Path) -> dict | None:
         return None
     meta = json.loads(p.read_text())
     return meta if meta.get("format") == FORMAT else None
+
+
+def is_complete(folder: Path, meta: dict) -> bool:
+    """Every split's files are there with the size meta.json gives (a folder someone half-deleted, or a disk
+    that filled up, is rebuilt instead of failing in the memory map)."""
+    try:
+        item = np.dtype(meta["dtype"]).itemsize
+        for split, info in meta["splits"].items():
+            if os.path.getsize(folder / f"{split}.bin") != int(info["tokens"]) * item or \
+                    not (folder / f"{split}.docs.npy").is_file():
+                return False
+    except (OSError, KeyError, TypeError, ValueError):
+        return False
+    return True
 
 
 def read_split(folder: Path, split: str, meta: dict) -> tuple[np.ndarray, np.ndarray]:

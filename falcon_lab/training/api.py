@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from falcon_lab.training.validate import ConfigError, load_checkpoint_safely, validate_config
 
@@ -114,24 +114,33 @@ def check_ckpt_fits(path, module, cfg) -> int:
 
 def _save_on_interrupt(path, logger):
     """A callback: Ctrl-C (KeyboardInterrupt) during fit writes <run_dir>/checkpoints/last.ckpt at the current
-    step (resume from it with ckpt_path=) and has the MLflow run end KILLED rather than FAILED."""
+    step (resume from it with ckpt_path=) and has the MLflow run end KILLED rather than FAILED. SIGTERM (scancel,
+    preemption, SLURM ending a job it requeues; Lightning raises SIGTERMException) also ends the run KILLED, and
+    saves last.ckpt in a single-process run (with several ranks a save is collective and the ranks may not all
+    have stopped at the same step: the requeue checkpoint hpc_ckpt_<n>.ckpt and checkpoint.every_n_steps cover
+    them)."""
     import lightning as L
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     class SaveOnInterrupt(L.Callback):
         def __init__(self, path, logger):
             self.path, self.logger = Path(path), logger
-            self.started = self.interrupted = False
+            self.started = self.interrupted = self.terminated = False
 
         def on_train_start(self, trainer, pl_module):
             self.started = True  # after a resume has restored its state: saving now cannot lose progress
 
         def on_exception(self, trainer, pl_module, exception):
-            if not isinstance(exception, KeyboardInterrupt):
+            term = isinstance(exception, SIGTERMException)
+            if not (isinstance(exception, KeyboardInterrupt) or term):
                 return
-            self.interrupted = True
+            if term:
+                self.terminated = True
+            else:
+                self.interrupted = True
             if self.logger is not None:
                 self.logger.killed = True
-            if not self.started:
+            if not self.started or (term and trainer.world_size > 1):
                 return
             try:
                 trainer.save_checkpoint(str(self.path))
@@ -141,6 +150,57 @@ def _save_on_interrupt(path, logger):
                 log.warning("interrupted, but could not save %s: %s", self.path, e)
 
     return SaveOnInterrupt(path, logger)
+
+
+def _keep_run_open_on_requeue(trainer, logger) -> None:
+    """SLURM requeue (SIGUSR1 from `#SBATCH --signal`, Lightning's SLURMEnvironment auto-requeue): Lightning's
+    handler calls `logger.finalize("finished")`, saves <run_dir>/hpc_ckpt_<n>.ckpt and runs `scontrol requeue`;
+    SLURM then SIGTERMs the job and starts it again, and the requeued job resumes the checkpoint and continues the
+    same MLflow run. So the run must not be closed there: the logger is told (requeue_pending) that this finalize
+    is a requeue, writes its buffered metrics and leaves the run RUNNING; the run gets the tags
+    `slurm.requeues` (how many) and `slurm.requeue_step`. The SIGTERM that follows ends it KILLED (not FAILED)
+    until the requeued job sets it RUNNING again. Wraps Lightning's handler (a private attribute of the trainer's
+    signal connector; tests/test_mlflow_requeue.py fails if Lightning renames it)."""
+    sc = getattr(trainer, "_signal_connector", None)
+    orig = getattr(sc, "_slurm_sigusr_handler_fn", None)
+    if logger is None or orig is None:
+        return
+
+    def requeue_handler(signum, frame):
+        logger.requeue_pending = True
+        try:
+            orig(signum, frame)
+        finally:
+            logger.requeue_pending = False
+        if trainer.is_global_zero:
+            try:
+                client, rid = logger.experiment, logger.run_id
+                n = int(client.get_run(rid).data.tags.get("slurm.requeues", "0")) + 1
+                client.set_tag(rid, "slurm.requeues", str(n))
+                client.set_tag(rid, "slurm.requeue_step", str(int(trainer.global_step)))
+                log.info("SLURM requeue at step %d: MLflow run %s stays open for the requeued job", trainer.global_step,
+                         rid)
+            except Exception as e:  # the requeue itself must go on
+                log.warning("could not tag the MLflow run for the requeue: %s", str(e)[:200])
+
+    sc._slurm_sigusr_handler_fn = requeue_handler
+
+
+def _slurm_resume_path(run_dir: Path) -> str | None:
+    """Under SLURM, Lightning resumes a run without ckpt_path from the newest <run_dir>/hpc_ckpt_<n>.ckpt (its
+    requeue checkpoint) on its own; the newest of that and checkpoints/last.ckpt, so that the MLflow run is continued
+    too (resume_run_id reads it from ckpt_path). None outside SLURM or without such a checkpoint."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    if not SLURMEnvironment.detect():
+        return None
+    found = list(run_dir.glob("hpc_ckpt_*.ckpt"))
+    if not found:
+        return None
+    last = run_dir / "checkpoints" / "last.ckpt"
+    if last.is_file():
+        found.append(last)
+    return str(max(found, key=lambda p: p.stat().st_mtime))
 
 
 def resolve_compile(value, accelerator: str) -> bool:
@@ -194,6 +254,11 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
         module.check_sentences = kjv_sentences("validation")[: int(checks.get("n_sentences", 64))]
 
     ckpt_path = cfg.get("ckpt_path") or None
+    if ckpt_path is None and (found := _slurm_resume_path(run_dir)) is not None:  # a requeued SLURM job
+        log.info("SLURM: resuming from %s (the newest requeue checkpoint of %s)", found, run_dir)
+        ckpt_path = found
+        with open_dict(cfg):
+            cfg.ckpt_path = found  # so that the MLflow run of the checkpoint is continued
     ckpt_step = None
     if ckpt_path and ckpt_path != "last":  # before the MLflow run is touched (issue 16)
         ckpt_step = check_ckpt_fits(ckpt_path, module, cfg)
@@ -235,6 +300,7 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
         max_epochs=-1,
         **tkw,
     )
+    _keep_run_open_on_requeue(trainer, logger)
     accum = _set_accumulation(cfg, trainer)  # from data.global_batch_size and the world size, before any MLflow run
     tokens_per_step = int(cfg.data.batch_size) * int(cfg.data.seq_len) * accum * trainer.world_size
     peak = device_peak_flops((cfg.get("metrics") or {}).get("peak_flops"))
@@ -254,6 +320,10 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
                 prepare_experiment(logger.experiment, logger.experiment_id)
             except Exception as e:  # a read-only or restricted store: the run itself goes on
                 log.warning("could not tag MLflow experiment %s: %s", logger.experiment_id, str(e)[:200])
+            if before is not None and before.get("status") != "RUNNING":
+                # continued (a requeued SLURM job, a resume after Ctrl-C or a crash): RUNNING again until it ends; a
+                # resume that fails before training a step puts the old status back (_restore_run)
+                logger.experiment.update_run(run_id, "RUNNING")
             logger.experiment.set_tag(run_id, "run_dir", str(run_dir))
             logger.experiment.set_tag(run_id, "params_total", str(module.model.num_params()))
             logger.experiment.set_tag(run_id, "state_numel_per_seq", str(module.model.state_numel(1, int(cfg.data.seq_len))))
@@ -264,6 +334,9 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
         try:
             trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)  # a checkpoint runs no code
         except SystemExit:
+            if interrupt_cb.terminated:  # SIGTERM: stopped from outside (scancel, preemption, a SLURM requeue)
+                status = "killed"
+                raise SystemExit(128 + signal.SIGTERM) from None  # Lightning's SIGTERMException would exit 0
             if not interrupt_cb.interrupted:
                 raise
             # Lightning turns Ctrl-C into sys.exit(1) and leaves SIGINT ignored: give the caller the interrupt back
@@ -285,6 +358,11 @@ def run(cfg: DictConfig, callbacks=None) -> dict:
                 except Exception as e:  # artifacts must not turn a finished run into a failure
                     log.warning("could not log artifacts: %s", e)
             logger.finalize(status)
+            if status == "success":
+                from falcon_lab.training.mlflow import view_url
+
+                log.info("MLflow runs table (shared view, once `mlflow ui` serves the store): %s",
+                         view_url(resolve_tracking_uri(cfg.logger), logger.experiment_id))
             if status in ("failed", "killed") and before is not None and ckpt_step is not None and \
                     int(trainer.global_step) <= ckpt_step:
                 _restore_run(logger, before)

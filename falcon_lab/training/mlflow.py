@@ -269,12 +269,16 @@ def _retrying_logger_cls():
         stay in memory, one warning is issued, and training goes on. Buffered metrics (with their original
         steps and timestamps) are written at the next call once the store answers (a new attempt at most every
         `retry_s` seconds, so a dead store does not stall every step), and at the latest by finalize, which
-        also retries ending the run. `killed` (set on Ctrl-C) makes finalize end the run KILLED."""
+        also retries ending the run. `killed` (set on Ctrl-C and SIGTERM) makes finalize end the run KILLED.
+        `requeue_pending` (set around Lightning's SLURM requeue handler, see training.api._keep_run_open_on_requeue)
+        makes its finalize("finished") write the buffered metrics and leave the run open (RUNNING): the requeued
+        job continues it."""
 
         def __init__(self, *args, retry_s: float = 30.0, **kwargs):
             super().__init__(*args, **kwargs)
             self.retry_s = float(retry_s)
             self.killed = False
+            self.requeue_pending = False
             self._pending: list = []
             self._next_try = 0.0  # monotonic time of the next attempt while the store is unavailable
             self._warned = False
@@ -338,6 +342,12 @@ def _retrying_logger_cls():
         def finalize(self, status: str = "success") -> None:
             if not self._initialized:
                 return
+            if self.requeue_pending and not self.killed and status == "finished":
+                # Lightning's SLURM requeue handler: the job is about to be requeued, the run goes on there
+                if not self._flush(self.retry_s):
+                    log.warning("MLflow store unavailable at the SLURM requeue; %d metric values of run %s are kept "
+                                "in memory", len(self._pending), self.run_id)
+                return
             names = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
             status = names.get(status, status)
             if self.killed:
@@ -380,12 +390,18 @@ def build_logger(cfg):
 
 
 # ---- how the MLflow UI opens an experiment (issue 17, point 5) ----------------------------------------------
-# MLflow 3's UI reads the experiment tag `mlflow.experimentKind` (mlflow/server/js: ExperimentKind) to choose the
-# experiment's first view: `genai_development` opens on the GenAI traces overview, `custom_model_development`
-# ("Machine learning") on the runs table. An experiment without the tag is guessed, and a fresh one lands on the
-# GenAI overview; training runs belong in the runs table.
+# MLflow 3's UI (before 3.17) reads the experiment tag `mlflow.experimentKind` (mlflow/server/js: ExperimentKind) to
+# choose the experiment's first view: `genai_development` opens on the GenAI traces overview,
+# `custom_model_development` ("Machine learning") on the runs table. An experiment without the tag is guessed, and a
+# fresh one lands on the GenAI overview; training runs belong in the runs table, so the tag is written. Checked in
+# headless Chromium (docs/mlflow.md), MLflow 3.17's UI no longer decides the first view by the tag: a global
+# "GenAI | Model training" switch does, kept per browser (local storage `mlflow.workflowType`, default GenAI) and
+# overridden by the URL parameter `workflowType=machine_learning`. So the address the platform gives (view_url with
+# workflow=UI_WORKFLOW) carries that parameter.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+UI_WORKFLOW_PARAM = "workflowType"  # the UI's URL parameter: genai | machine_learning
+UI_WORKFLOW = "machine_learning"  # "Model training": the runs table, the training sidebar
 # The UI keeps each user's column choice in the browser (local storage); there is no server-side default column
 # set. What it does read from the store is a *shared view*: the experiment tag `mlflow.sharedViewState.<key>`
 # (a JSON view state), opened by the URL <ui>/#/experiments/<id>/runs?viewStateShareKey=<key>.
@@ -409,12 +425,15 @@ def default_view_state() -> dict:
             "orderByAsc": True, "runsHiddenMode": "SHOW_ALL"}
 
 
-def view_url(tracking_uri: str, experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
+def view_url(tracking_uri: str, experiment_id: str, base: str = "http://127.0.0.1:5000",
+             workflow: str | None = UI_WORKFLOW) -> str:
     """The UI address of the shared runs view (`mlflow ui` serves on 127.0.0.1:5000 by default; a server's own
-    address when tracking over HTTP)."""
+    address when tracking over HTTP). `workflow` (default UI_WORKFLOW) also switches MLflow >= 3.17's UI to
+    "Model training", whose default would otherwise be the GenAI workflow; None leaves the parameter out."""
     if tracking_uri.startswith(("http://", "https://")):
         base = tracking_uri.rstrip("/")
-    return f"{base}/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
+    query = f"{UI_WORKFLOW_PARAM}={workflow}&" if workflow else ""
+    return f"{base}/#/experiments/{experiment_id}/runs?{query}viewStateShareKey={VIEW_KEY}"
 
 
 def prepare_experiment(client, experiment_id: str) -> None:
