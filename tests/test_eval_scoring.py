@@ -209,3 +209,26 @@ def test_variable_format_adds_the_capped_ood_split():
     # the other formats have no capped split
     assert evaluate_addition(LookupLM.from_sequences(seqs), TOK, AdditionTask(train_widths=(1, 3), ood_widths=(4, 5),
                              val_per_width=2), n_examples=2).ood_cap == {}
+
+
+def test_addition_view_is_shared_once_and_lists_the_table_columns(store):
+    # the addition experiment's shared runs view: the best step's ID / OOD columns (capped ones for the
+    # variable format), best capped OOD first; written once, a view edited in the UI is kept
+    import json
+
+    import mlflow
+
+    from falcon_lab.evaluation.addition import ADDITION_VIEW_KEY, addition_view_state
+    from falcon_lab.training.mlflow import SHARED_VIEW_PREFIX, share_view, view_url
+    c = mlflow.MlflowClient(store)
+    eid = c.create_experiment("addition_x")
+    state = addition_view_state("variable")
+    assert "metrics.`addition/best/ood_cap_mean`" in state["selectedColumns"]
+    assert state["orderByKey"] == "metrics.`addition/best/ood_cap_mean`" and state["orderByAsc"] is False
+    assert "metrics.`addition/best/ood_cap_mean`" not in addition_view_state("paper")["selectedColumns"]
+    assert share_view(c, eid, ADDITION_VIEW_KEY, state) is True
+    c.set_experiment_tag(eid, SHARED_VIEW_PREFIX + ADDITION_VIEW_KEY, json.dumps({"edited": True}))
+    assert share_view(c, eid, ADDITION_VIEW_KEY, state) is False
+    assert json.loads(c.get_experiment(eid).tags[SHARED_VIEW_PREFIX + ADDITION_VIEW_KEY]) == {"edited": True}
+    assert view_url(store, eid, view=ADDITION_VIEW_KEY).endswith(
+        f"runs?workflowType=machine_learning&viewStateShareKey={ADDITION_VIEW_KEY}")

@@ -11,12 +11,15 @@ Accuracies are fractions in [0, 1]; tables print percentages.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 
 import torch
 
 from falcon_lab.data.tasks.addition import AdditionExample, AdditionTask
 from falcon_lab.evaluation.common import as_tokenizer, greedy_generate, score_continuations
+
+log = logging.getLogger(__name__)
 
 
 def example_tokens(tok, ex: AdditionExample, eos_in_answer: bool = True) -> tuple[list[int], list[int]]:
@@ -296,11 +299,35 @@ class AdditionEvalCallback(_lightning_callback_base()):
         for lg in trainer.loggers:
             lg.log_metrics(final, step=int(trainer.global_step))
         path = self._write()
-        if path:
-            for lg in trainer.loggers:
-                exp, run_id = getattr(lg, "experiment", None), getattr(lg, "run_id", None)
-                if run_id and hasattr(exp, "log_artifact"):
-                    exp.log_artifact(run_id, path)
+        for lg in trainer.loggers:
+            exp, run_id = getattr(lg, "experiment", None), getattr(lg, "run_id", None)
+            if path and run_id and hasattr(exp, "log_artifact"):
+                exp.log_artifact(run_id, path)
+            if run_id and hasattr(exp, "set_experiment_tag") and getattr(lg, "experiment_id", None):
+                try:  # the experiment's addition view (the table's columns), beside the platform's default one
+                    from falcon_lab.training.mlflow import share_view
+                    share_view(exp, lg.experiment_id, ADDITION_VIEW_KEY, addition_view_state(self.task.fmt))
+                except Exception as e:  # noqa: BLE001 - a view must not fail a finished run
+                    log.warning("could not add the MLflow addition view: %s", str(e)[:200])
+
+
+ADDITION_VIEW_KEY = "falcon-lab-addition"
+
+
+def addition_view_state(fmt: str = "paper") -> dict:
+    """The runs-table columns of an addition experiment: the best step's ID and OOD accuracies (the capped split
+    too for the variable format), ordered by mean OOD accuracy, best first. Opened by
+    falcon_lab.training.mlflow.view_url(uri, experiment_id, view=ADDITION_VIEW_KEY)."""
+    from falcon_lab.training.mlflow import view_state
+
+    metrics = ["addition/best/val_acc", "addition/best/ood_mean", "addition/best/acc_d33", "addition/best/acc_d48"]
+    order = "addition/best/ood_mean"
+    if fmt == "variable":
+        metrics += ["addition/best/ood_cap_mean", "addition/best/acc_cap_d33", "addition/best/acc_cap_d48"]
+        order = "addition/best/ood_cap_mean"
+    return view_state(metrics=metrics + ["addition/best_step"], tags=("label", "steps", "params_total"),
+                      params=("seed", "mixer.name", "mixer.variant", "mixer.preset", "data.format", "model.d_model",
+                              "model.n_layers"), order_by=order, ascending=False)
 
 
 def callback_from_cfg(cfg, tokenizer=None, dirpath: str | None = None) -> "AdditionEvalCallback | None":

@@ -416,33 +416,48 @@ def _col(kind: str, key: str) -> str:
     return f"{kind}.`{key}`"  # the UI's column id (makeCanonicalSortKey)
 
 
+def view_state(metrics=VIEW_METRICS, tags=VIEW_TAGS, params=VIEW_PARAMS, order_by: str = "val/loss",
+               ascending: bool = True) -> dict:
+    """A runs-table view state (the UI's JSON): these tag, metric and param columns, ordered by one metric."""
+    cols = ([_col("tags", t) for t in tags] +
+            [_col("metrics", m) for m in metrics] + [_col("params", p) for p in params])
+    return {"selectedColumns": cols, "columnOrder": cols, "orderByKey": _col("metrics", order_by),
+            "orderByAsc": ascending, "runsHiddenMode": "SHOW_ALL"}
+
+
 def default_view_state() -> dict:
     """The runs-table view the platform shares: run name, label/arm/steps, the metrics and the few params that tell
     runs apart, ordered by val/loss (best first)."""
-    cols = ([_col("tags", t) for t in VIEW_TAGS] +
-            [_col("metrics", m) for m in VIEW_METRICS] + [_col("params", p) for p in VIEW_PARAMS])
-    return {"selectedColumns": cols, "columnOrder": cols, "orderByKey": _col("metrics", "val/loss"),
-            "orderByAsc": True, "runsHiddenMode": "SHOW_ALL"}
+    return view_state()
+
+
+def share_view(client, experiment_id: str, key: str, state: dict) -> bool:
+    """Add the shared view `key` to an experiment unless it has one by that name (a view changed in the UI stays).
+    Opened by view_url(..., view=key). Returns whether it was written."""
+    import json
+
+    tags = client.get_experiment(experiment_id).tags or {}
+    if SHARED_VIEW_PREFIX + key in tags:
+        return False
+    client.set_experiment_tag(experiment_id, SHARED_VIEW_PREFIX + key, json.dumps(state))
+    return True
 
 
 def view_url(tracking_uri: str, experiment_id: str, base: str = "http://127.0.0.1:5000",
-             workflow: str | None = UI_WORKFLOW) -> str:
+             workflow: str | None = UI_WORKFLOW, view: str = VIEW_KEY) -> str:
     """The UI address of the shared runs view (`mlflow ui` serves on 127.0.0.1:5000 by default; a server's own
     address when tracking over HTTP). `workflow` (default UI_WORKFLOW) also switches MLflow >= 3.17's UI to
     "Model training", whose default would otherwise be the GenAI workflow; None leaves the parameter out."""
     if tracking_uri.startswith(("http://", "https://")):
         base = tracking_uri.rstrip("/")
     query = f"{UI_WORKFLOW_PARAM}={workflow}&" if workflow else ""
-    return f"{base}/#/experiments/{experiment_id}/runs?{query}viewStateShareKey={VIEW_KEY}"
+    return f"{base}/#/experiments/{experiment_id}/runs?{query}viewStateShareKey={view}"
 
 
 def prepare_experiment(client, experiment_id: str) -> None:
     """Tag an experiment the platform logs training runs to: the kind (opens on the runs table) and the shared
     default view. Either is left alone when already set, so a kind or view changed in the UI stays."""
-    import json
-
     tags = client.get_experiment(experiment_id).tags or {}
     if EXPERIMENT_KIND_TAG not in tags:
         client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-    if SHARED_VIEW_PREFIX + VIEW_KEY not in tags:
-        client.set_experiment_tag(experiment_id, SHARED_VIEW_PREFIX + VIEW_KEY, json.dumps(default_view_state()))
+    share_view(client, experiment_id, VIEW_KEY, default_view_state())
