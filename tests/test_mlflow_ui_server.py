@@ -13,11 +13,8 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 
@@ -25,6 +22,7 @@ import pytest
 
 from falcon_lab.training import run
 from falcon_lab.training.config import compose
+from mlflow_server_helpers import MlflowServer, post_json
 from falcon_lab.training.mlflow import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
@@ -41,22 +39,10 @@ BROWSERS = ("chromium-headless-shell", "chrome-headless-shell", "chromium", "chr
             "google-chrome-stable")
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url, raw=False):
     with urllib.request.urlopen(url, timeout=10) as r:
         body = r.read().decode(errors="replace")
     return body if raw else json.loads(body)
-
-
-def _post(url, payload):
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read().decode())
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +54,8 @@ def served(tmp_path_factory, _migrated_store):
     db.parent.mkdir()
     shutil.copy(_migrated_store, db)
     uri = f"sqlite:///{db}"
-    port = _free_port()
-    mlflow_bin = shutil.which("mlflow", path=os.path.dirname(sys.executable)) or "mlflow"
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    env.pop("MLFLOW_TRACKING_URI", None)
-    log = open(tmp / "server.log", "w")
-    proc = subprocess.Popen([mlflow_bin, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                             "--backend-store-uri", uri], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    server = MlflowServer(tmp, uri)
+    url = server.url
     try:
         with pytest.MonkeyPatch.context() as mp:  # while the server starts
             mp.setenv("MLFLOW_TRACKING_URI", uri)
@@ -88,24 +67,10 @@ def served(tmp_path_factory, _migrated_store):
         utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
         if utils is not None:  # Lightning's logger set the process-wide URI: not for the other tests
             utils._tracking_uri = None
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2).read()
-                break
-            except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.flush()
-                    pytest.fail("mlflow server did not start:\n" + (tmp / "server.log").read_text()[-3000:])
-                time.sleep(0.3)
+        server.wait(120)
         yield url, res["experiment_id"], res
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=15)
-        except Exception:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+        server.stop()
 
 
 def test_the_server_gives_the_ui_the_kind_and_default_view_the_platform_wrote(served):
@@ -116,7 +81,7 @@ def test_the_server_gives_the_ui_the_kind_and_default_view_the_platform_wrote(se
     view = json.loads(tags[SHARED_VIEW_PREFIX + VIEW_KEY])
     assert view["orderByKey"] == "metrics.`val/loss`" and view["orderByAsc"] is True
     assert view["selectedColumns"] == view["columnOrder"] and view["runsHiddenMode"] == "SHOW_ALL"
-    (r,) = _post(f"{url}/api/2.0/mlflow/runs/search", {"experiment_ids": [eid]})["runs"]
+    (r,) = post_json(f"{url}/api/2.0/mlflow/runs/search", {"experiment_ids": [eid]})["runs"]
     assert r["info"]["run_id"] == res["run_id"] and r["info"]["status"] == "FINISHED"
     have = {kind: {x["key"] for x in r["data"].get(kind, [])} for kind in ("params", "metrics", "tags")}
     for col in view["selectedColumns"]:  # every column of the view is one the run has, in the UI's id form
