@@ -1,0 +1,93 @@
+"""Falcon-2's H200 crash (issue 15), one configuration per process (an illegal access poisons the context).
+
+    FALCON_TRITON_UNPROVEN=1 python experiments/h200/falcon2_crash.py --dtype bfloat16 --json out.json
+    ... --stages 1            force num_stages=1 in the Falcon-2 kernels (bf16 otherwise takes Triton's default)
+    ... --kernel-only         no float64 reference (for compute-sanitizer, which slows every kernel)
+    ... --variant 2A          the per-column inner-product kernels at the same shape
+
+Default shape: the one that died on 2026-12-01 (B=1, T=1000, H=2, K=V=128, chunk 64, initial state, gradient
+through the final state). With the reference, the errors are falcon_lab.benchmarking.gpu_check's against the
+float64 loop, judged with its tolerances. Exit 0 pass, 1 fail (numbers off), 3 error (exception, e.g. CUDA).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--variant", default="2")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
+    p.add_argument("--B", type=int, default=1)
+    p.add_argument("--T", type=int, default=1000)
+    p.add_argument("--H", type=int, default=2)
+    p.add_argument("--K", type=int, default=128)
+    p.add_argument("--C", type=int, default=64)
+    p.add_argument("--stages", type=int, default=0, help="0 = the kernels' own choice")
+    p.add_argument("--kernel-only", action="store_true")
+    p.add_argument("--json", default=None)
+    p.add_argument("--device", default="cuda", help="cpu runs the Triton interpreter (TRITON_INTERPRET=1): a dry run")
+    a = p.parse_args(argv)
+    rec = dict(vars(a))
+    t0 = time.time()
+    code = 3
+    try:
+        import torch
+
+        from falcon_lab.benchmarking import gpu_check
+        from falcon_lab.kernels.triton import chunk, percol, percol_delta
+
+        if a.stages:
+            forced = {"num_stages": a.stages}
+            for mod in (chunk, percol, percol_delta):
+                mod._stages = lambda dtype, _f=forced: dict(_f)
+        rec["gpu"] = torch.cuda.get_device_name() if a.device == "cuda" else a.device
+        rec["torch"], rec["commit"] = torch.__version__, os.environ.get("FALCON_COMMIT", "unknown")
+        cfg = dict(variant=a.variant, B=a.B, T=a.T, H=a.H, K=a.K, V=a.K, C=a.C, dtype=a.dtype)
+        if a.kernel_only:
+            from falcon_lab.benchmarking.ref64 import make_core_inputs
+            from falcon_lab.kernels.spec import FalconSpec
+            from falcon_lab.kernels.triton import core
+
+            spec = FalconSpec.from_variant(a.variant)
+            W = spec.window(4)
+            ins = make_core_inputs(a.B, a.T, a.H, a.K, a.K, W, per_col=spec.per_column, device=a.device)
+            dt = getattr(torch, a.dtype)
+            kin = [t.to(dt).requires_grad_(True) for t in ins[:3]] + [t.float().requires_grad_(True) for t in ins[3:]]
+            o, s = core(*kin, delta=spec.delta, window=W, read_after=True, chunk_size=a.C)
+            grads = torch.autograd.grad(o.float().sum() + s.float().sum(), kin)
+            if a.device == "cuda":
+                torch.cuda.synchronize()
+            rec["finite"] = bool(all(torch.isfinite(t).all() for t in (o, s, *grads)))
+            code = 0 if rec["finite"] else 1
+        else:
+            res = gpu_check.check_core(seed=0, dev=a.device, **cfg)
+            if a.device == "cuda":
+                torch.cuda.synchronize()
+            ftol, gtol = gpu_check.TOL[a.dtype] if a.dtype in gpu_check.TOL else (2e-2, 4e-2)
+            rec["errors"] = res
+            rec["pass"] = all(v <= (ftol if k in ("o", "S_T") else gtol) for k, v in res.items())
+            code = 0 if rec["pass"] else 1
+    except Exception as e:  # noqa: BLE001 - recorded, the exit code says it
+        rec["error"] = f"{type(e).__name__}: {e}"[:2000]
+        rec["traceback"] = traceback.format_exc()[-4000:]
+    rec["seconds"] = round(time.time() - t0, 1)
+    rec["exit"] = code
+    print("RESULT " + json.dumps({k: v for k, v in rec.items() if k != "traceback"}), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rec, f, indent=1)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
