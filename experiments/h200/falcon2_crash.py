@@ -4,6 +4,7 @@
     ... --stages 1            force num_stages=1 in the Falcon-2 kernels (bf16 otherwise takes Triton's default)
     ... --kernel-only         no float64 reference (for compute-sanitizer, which slows every kernel)
     ... --variant 2A          the per-column inner-product kernels at the same shape
+    ... --state-warps 8       the backward state kernel (where CUDA_LAUNCH_BLOCKING=1 placed the crash) at 8 warps
 
 Default shape: the one that died on 2026-12-01 (B=1, T=1000, H=2, K=V=128, chunk 64, initial state, gradient
 through the final state). With the reference, the errors are falcon_lab.benchmarking.gpu_check's against the
@@ -23,6 +24,16 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+class _Warps:
+    """kernel[grid](...) with num_warps forced: for one launch site, without touching the kernel module's code."""
+
+    def __init__(self, kernel, warps):
+        self.kernel, self.warps = kernel, warps
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.kernel[grid](*args, **{**kw, "num_warps": self.warps})
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--variant", default="2")
@@ -33,6 +44,8 @@ def main(argv=None):
     p.add_argument("--K", type=int, default=128)
     p.add_argument("--C", type=int, default=64)
     p.add_argument("--stages", type=int, default=0, help="0 = the kernels' own choice")
+    p.add_argument("--state-warps", type=int, default=0,
+                   help="launch Falcon-2's backward state kernel (_pcd_bwd_state) with this many warps (0 = its own)")
     p.add_argument("--kernel-only", action="store_true")
     p.add_argument("--json", default=None)
     p.add_argument("--device", default="cuda", help="cpu runs the Triton interpreter (TRITON_INTERPRET=1): a dry run")
@@ -50,6 +63,8 @@ def main(argv=None):
             forced = {"num_stages": a.stages}
             for mod in (chunk, percol, percol_delta):
                 mod._stages = lambda dtype, _f=forced: dict(_f)
+        if a.state_warps:
+            percol_delta._pcd_bwd_state = _Warps(percol_delta._pcd_bwd_state, a.state_warps)
         rec["gpu"] = torch.cuda.get_device_name() if a.device == "cuda" else a.device
         rec["torch"], rec["commit"] = torch.__version__, os.environ.get("FALCON_COMMIT", "unknown")
         cfg = dict(variant=a.variant, B=a.B, T=a.T, H=a.H, K=a.K, V=a.K, C=a.C, dtype=a.dtype)
