@@ -12,7 +12,8 @@ def _make_store(root):
     from falcon_lab.training.mlflow import resolve_artifact_location
     uri = f"sqlite:///{root / 'mlflow.db'}"
     c = MlflowClient(uri)
-    eid = c.create_experiment("exp_a", artifact_location=resolve_artifact_location(uri))
+    eid = c.create_experiment("exp_a", artifact_location=resolve_artifact_location(uri),
+                              tags={"mlflow.experimentKind": "custom_model_development", "view.a": "{}"})
     parent = c.create_run(eid, run_name="sweep", tags={"mixer": "falcon"})
     child = c.create_run(eid, run_name="trial_0", tags={"mlflow.parentRunId": parent.info.run_id})
     c.log_param(child.info.run_id, "lr", "0.001")
@@ -49,9 +50,14 @@ def test_merge_moved_store_keeps_history_artifacts_parents_and_is_idempotent(tmp
     assert child.data.tags["mlflow.parentRunId"] == runs["sweep"].info.run_id
     assert child.data.tags["merge.source_run_id"] == cid
     assert [a.path for a in c.list_artifacts(child.info.run_id)] == ["note.txt"]
+    # the experiment's tags came along (the runs-table kind, shared views) ...
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development" and exp.tags["view.a"] == "{}"
+    # ... but never over the destination's own: a view changed there stays
+    c.set_experiment_tag(exp.experiment_id, "view.a", '{"changed": true}')
     # again: nothing new
     assert main([str(moved / "mlflow.db"), "--into", str(dst), "--experiment", "merged"]) == 0
     assert len(c.search_runs([exp.experiment_id])) == 2
+    assert c.get_experiment(exp.experiment_id).tags["view.a"] == '{"changed": true}'
 
 
 def test_merge_missing_source_is_named(tmp_path):

@@ -6,7 +6,8 @@ merged into the store the team browses. A store copied from another machine stil
 artifact URIs point at that machine's paths, so artifacts are looked up beside the copied database
 (``<db folder>/artifacts/<run id>/artifacts``, the layout `resolve_artifact_location` gives).
 
-Each copied run keeps its name, status, start/end times, tags, params, every metric's full step
+The experiment's tags (the runs-table kind and shared views the platform sets) are copied where the
+destination's experiment lacks them. Each copied run keeps its name, status, start/end times, tags, params, every metric's full step
 history and its artifacts, and gets the tag ``merge.source_run_id``; copying the same store twice
 adds nothing (runs already copied are skipped). Parent/child links (sweeps) are remapped.
 
@@ -77,6 +78,12 @@ def copy_runs(src_uri: str, dst_uri: str, experiment_name: str | None = None, ve
         dexp = dst.get_experiment_by_name(name)
         dexp_id = dexp.experiment_id if dexp else dst.create_experiment(
             name, artifact_location=resolve_artifact_location(dst_uri))
+        # the experiment's own tags (the runs-table kind, shared views): copied where the destination lacks them
+        have = (dexp.tags if dexp else None) or {}
+        for k, v in (exp.tags or {}).items():
+            if k not in have and not k.startswith("mlflow.note") and k != "mlflow.experiment.sourceName":
+                dst.set_experiment_tag(dexp_id, k, v)
+                have[k] = v
         done = {r.data.tags[SOURCE_TAG]: r.info.run_id
                 for r in dst.search_runs([dexp_id], max_results=50000) if SOURCE_TAG in r.data.tags}
         # parents before children, so parent ids can be remapped
