@@ -4,6 +4,7 @@
     ... --stages 1            force num_stages=1 in the Falcon-2 kernels (bf16 otherwise takes Triton's default)
     ... --kernel-only         no float64 reference (for compute-sanitizer, which slows every kernel)
     ... --variant 2A          the per-column inner-product kernels at the same shape
+    ... --state-fp32          the backward state kernel on fp32 copies of q and x (a workaround candidate)
     ... --state-warps 8       the backward state kernel (where CUDA_LAUNCH_BLOCKING=1 placed the crash) at 8 warps
 
 Default shape: the one that died on 2026-12-01 (B=1, T=1000, H=2, K=V=128, chunk 64, initial state, gradient
@@ -34,6 +35,22 @@ class _Warps:
         return lambda *args, **kw: self.kernel[grid](*args, **{**kw, "num_warps": self.warps})
 
 
+class _Fp32State:
+    """_pcd_bwd_state[grid](q, x, ..., prec): q and x as fp32 copies and "tf32" dots: the bf16 path's workaround
+    candidate (the kernel takes its dot dtype from x), tried without changing the kernel module."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            args = list(args)
+            args[0], args[1] = args[0].float(), args[1].float()
+            args[22] = "tf32"  # PREC (the 23rd argument)
+            return self.kernel[grid](*args, **kw)
+        return launch
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--variant", default="2")
@@ -46,6 +63,8 @@ def main(argv=None):
     p.add_argument("--stages", type=int, default=0, help="0 = the kernels' own choice")
     p.add_argument("--state-warps", type=int, default=0,
                    help="launch Falcon-2's backward state kernel (_pcd_bwd_state) with this many warps (0 = its own)")
+    p.add_argument("--state-fp32", action="store_true",
+                   help="give _pcd_bwd_state fp32 copies of q and x (its dots then run as in the fp32 path, which passed)")
     p.add_argument("--kernel-only", action="store_true")
     p.add_argument("--json", default=None)
     p.add_argument("--device", default="cuda", help="cpu runs the Triton interpreter (TRITON_INTERPRET=1): a dry run")
@@ -65,6 +84,8 @@ def main(argv=None):
                 mod._stages = lambda dtype, _f=forced: dict(_f)
         if a.state_warps:
             percol_delta._pcd_bwd_state = _Warps(percol_delta._pcd_bwd_state, a.state_warps)
+        if a.state_fp32:
+            percol_delta._pcd_bwd_state = _Fp32State(percol_delta._pcd_bwd_state)
         rec["gpu"] = torch.cuda.get_device_name() if a.device == "cuda" else a.device
         rec["torch"], rec["commit"] = torch.__version__, os.environ.get("FALCON_COMMIT", "unknown")
         cfg = dict(variant=a.variant, B=a.B, T=a.T, H=a.H, K=a.K, V=a.K, C=a.C, dtype=a.dtype)

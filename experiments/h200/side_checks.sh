@@ -25,9 +25,10 @@ nvidia-smi > "$W/nvidia-smi.txt" 2>&1
 # which placed it in the launch of _pcd_bwd_state); fp32 and Falcon-2A bf16 passed; kernel-only under
 # compute-sanitizer ran clean, but with PyTorch's caching allocator the sanitizer cannot see an access that stays
 # inside a cached segment. Next: the sanitizer on the check row with caching off, kernel-only without it, and the
-# state kernel at 8 warps / chunk 32.
+# state kernel on fp32 copies of q and x (the workaround candidate: fp32 passed), at 8 warps, at chunk 32.
 step f2_sanitizer_nocache 300 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --print-limit 30 \
   "${R[@]}" --dtype bfloat16 --json "$W/f2_sanitizer_nocache.json"
+step f2_state_fp32 120 "${R[@]}" --dtype bfloat16 --state-fp32 --json "$W/f2_state_fp32.json"
 step f2_kernel_only 120 "${R[@]}" --dtype bfloat16 --kernel-only --json "$W/f2_kernel_only.json"
 step f2_state_warps8 120 "${R[@]}" --dtype bfloat16 --state-warps 8 --json "$W/f2_state_warps8.json"
 step f2_c32 120 "${R[@]}" --dtype bfloat16 --C 32 --json "$W/f2_c32.json"
