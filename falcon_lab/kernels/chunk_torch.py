@@ -17,13 +17,20 @@ matrix instead of pseudo-tokens). For Falcon-3 the time chunk is chunk_size // W
 block-triangular system stays chunk_size pseudo-tokens wide (falcon-math.md §6.6, trick 4: ours);
 for Falcon-2/2A, whose decay masks are per value column, time is tiled by at most 8 steps (ours).
 The tiling changes cost only: every tile size gives the same result to rounding.
+
+Under torch.compile (ours): the form's Python loops over chunks / tiles would be traced and unrolled
+into the compiled graph (Falcon-2 at T = 512: 64 tiles x the per-tile ops, forward and backward; its
+compile did not finish on the H200), so `core_chunk` then runs as one opaque custom operator pair
+(`falcon_lab::chunk_torch_fwd` / `_bwd`, like the Triton cores): the forward runs this same code without
+autograd, the backward recomputes it with autograd (the recomputation Falcon-2/2A already do in eager).
+Eager calls run the code directly, as before.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +68,16 @@ def core_chunk(
     read_after: bool,
     chunk_size: int = 64,
 ):
+    """The chunked PyTorch core (kernel-contract.md): (o [B, T, H, V] in q's dtype, S_T). Under
+    torch.compile, one opaque custom operator (module docstring); in eager, `_core_chunk` itself."""
+    if torch.compiler.is_compiling():
+        o, S = chunk_torch_fwd(q, xw, vw, eta, g, S0, bool(delta), int(window), bool(read_after), int(chunk_size))
+        return o, S
+    return _core_chunk(q, xw, vw, eta, g, S0, delta=delta, window=window, read_after=read_after,
+                       chunk_size=chunk_size)
+
+
+def _core_chunk(q, xw, vw, eta, g, S0, *, delta, window, read_after, chunk_size=64, recompute_percol=True):
     cd = eta.dtype
     Bsz, T, H, K = q.shape
     V = vw.shape[-1]
@@ -100,7 +117,10 @@ def core_chunk(
     gc = gh.reshape(Bsz, H, N, C, *gh.shape[3:])
 
     if per_col:
-        o, S = _per_column_recomputed(qc, xs, vs, ec, gc, S, delta=delta, read_after=read_after)
+        if recompute_percol:
+            o, S = _per_column_recomputed(qc, xs, vs, ec, gc, S, delta=delta, read_after=read_after)
+        else:  # the custom operator's backward: already a recomputation
+            o, S = _per_column(qc, xs, vs, ec, gc, S, delta=delta, read_after=read_after)
     else:
         u, u_prev, u_read, m_read, m_strict = _prefixes(gc, read_after)
         # decay-and-step matrix of the read-out: Dr[i, s] = [s ≤ i] e^{u^r_i - u_s} η_s
@@ -227,3 +247,71 @@ def _per_column(qc, xs, vs, ec, gc, S, *, delta: bool, read_after: bool):
         qx = (qc * xs).sum(-1, keepdim=True)  # [B,H,N,C,1]
         o = gc.exp() * o + qx * ec * R
     return o, S
+
+
+# ---- the opaque form for torch.compile (ours) ---------------------------------------------------------
+def _autograd_on():
+    """A custom operator's implementation runs below autograd (its dispatch keys are excluded); the
+    backward's recomputation needs them back. Keeps the other thread-local dispatch keys as they are."""
+    DK = torch._C.DispatchKey
+    exclude = torch._C._dispatch_tls_local_exclude_set().remove(DK.AutogradFunctionality).remove(DK.ADInplaceOrView)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
+@torch.library.custom_op("falcon_lab::chunk_torch_fwd", mutates_args=())
+def chunk_torch_fwd(q: torch.Tensor, xw: torch.Tensor, vw: torch.Tensor, eta: torch.Tensor, g: torch.Tensor,
+                    S0: Optional[torch.Tensor], delta: bool, window: int, read_after: bool,
+                    chunk_size: int) -> List[torch.Tensor]:
+    with torch.no_grad():
+        o, S = _core_chunk(q, xw, vw, eta, g, S0, delta=delta, window=window, read_after=read_after,
+                           chunk_size=chunk_size)
+    return [o.contiguous(), S.contiguous()]
+
+
+@chunk_torch_fwd.register_fake
+def _(q, xw, vw, eta, g, S0, delta, window, read_after, chunk_size):
+    B, T, H, K = q.shape
+    V = vw.shape[-1]
+    return [q.new_empty((B, T, H, V)), q.new_empty((B, H, K, V), dtype=eta.dtype)]
+
+
+@torch.library.custom_op("falcon_lab::chunk_torch_bwd", mutates_args=())
+def chunk_torch_bwd(q: torch.Tensor, xw: torch.Tensor, vw: torch.Tensor, eta: torch.Tensor, g: torch.Tensor,
+                    S0: Optional[torch.Tensor], dO: torch.Tensor, dS: Optional[torch.Tensor], delta: bool,
+                    window: int, read_after: bool, chunk_size: int) -> List[torch.Tensor]:
+    ins = [t.detach().requires_grad_() for t in (q, xw, vw, eta, g, *([S0] if S0 is not None else []))]
+    with _autograd_on(), torch.enable_grad():
+        o, S = _core_chunk(*ins[:5], ins[5] if S0 is not None else None, delta=delta, window=window,
+                           read_after=read_after, chunk_size=chunk_size, recompute_percol=False)
+        outs, douts = ([o, S], [dO, dS]) if dS is not None else ([o], [dO])
+        grads = torch.autograd.grad(outs, ins, douts, allow_unused=True)
+    # contiguous, as the fake outputs below (compiled code may view them by those strides)
+    grads = [gr.contiguous() if gr is not None else t.new_zeros(t.shape) for gr, t in zip(grads, ins)]
+    if S0 is None:
+        grads.append(q.new_empty(0, dtype=eta.dtype))
+    return grads
+
+
+@chunk_torch_bwd.register_fake
+def _(q, xw, vw, eta, g, S0, dO, dS, delta, window, read_after, chunk_size):
+    return [t.new_empty(t.shape) for t in (q, xw, vw, eta, g)] + [
+        S0.new_empty(S0.shape) if S0 is not None else q.new_empty(0, dtype=eta.dtype)]
+
+
+def _torch_setup_context(ctx, inputs, output):
+    q, xw, vw, eta, g, S0, delta, window, read_after, chunk_size = inputs
+    ctx.save_for_backward(q, xw, vw, eta, g, S0)
+    ctx.cfg = (delta, window, read_after, chunk_size)
+    ctx.has_s0 = S0 is not None
+
+
+def _torch_backward(ctx, grads):
+    q, xw, vw, eta, g, S0 = ctx.saved_tensors
+    dO, dS = grads[0], grads[1]
+    if dO is None:
+        dO = torch.zeros(q.shape[:3] + (vw.shape[-1],), dtype=q.dtype, device=q.device)
+    out = chunk_torch_bwd(q, xw, vw, eta, g, S0 if ctx.has_s0 else None, dO, dS, *ctx.cfg)
+    return (*out[:5], out[5] if ctx.has_s0 else None, None, None, None, None)
+
+
+chunk_torch_fwd.register_autograd(_torch_backward, setup_context=_torch_setup_context)

@@ -85,12 +85,14 @@ def operator_flops_per_token_head(variant: str, dk: int, dv: int, chunk: int, wi
     raise ValueError(variant)
 
 
-_CORE_OP = "falcon_lab::chunk_core_fwd"  # kernels/triton/ops.py (registered only where triton imports)
+# the cores' forward operators: kernels/triton/ops.py (registered only where triton imports) and, under
+# torch.compile, the PyTorch chunk form (kernels/chunk_torch.py), whose backward recomputes it anyway
+_CORE_OPS = ("falcon_lab::chunk_core_fwd", "falcon_lab::chunk_torch_fwd")
 
 
 def _keep_core(ctx, op, *args, **kwargs):
-    """Selective checkpointing policy: keep what the op's Triton core computed, recompute the glue."""
-    if getattr(op, "name", None) is not None and op.name() == _CORE_OP:
+    """Selective checkpointing policy: keep what the op's core computed, recompute the glue."""
+    if getattr(op, "name", None) is not None and op.name() in _CORE_OPS:
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 

@@ -17,7 +17,8 @@ def compile_blocks(model):
     """torch.compile each decoder block in place (nn.Module.compile: parameter names and checkpoints are
     unchanged). Inductor fuses the mixers' elementwise PyTorch work (norms, gates, NLMS prep); the
     Triton chunk kernels and fused modules are custom operators (torch.library), traced without a graph
-    break. Ours."""
+    break; so is the PyTorch chunk core under compile (kernels/chunk_torch.py: traced, its tile loops made
+    Falcon-2's graph too large to compile). Ours."""
     for blk in model.blocks:
         blk.compile()
     return model
