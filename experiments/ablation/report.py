@@ -85,7 +85,11 @@ def load_runs(db: Path, experiments, metric, agg, min_steps=1000):
             continue
         vals = [v for _, v in hist if v == v]
         value = min(vals) if agg == "min" else vals[-1]
-        out.append(dict(run_id=rid, arm=tags.get("arm", tags.get("mlflow.runName", rid)), seed=tags.get("seed", "?"),
+        cells = {}
+        if metric.startswith("mqar/"):
+            cells = {k[len("mqar/acc_"):]: v for k, v in con.execute(
+                "SELECT key, value FROM latest_metrics WHERE run_uuid = ? AND key LIKE 'mqar/acc_kv%'", (rid,))}
+        out.append(dict(run_id=rid, cells=cells, arm=tags.get("arm", tags.get("mlflow.runName", rid)), seed=tags.get("seed", "?"),
                         label=tags.get("label", tags.get("mixer", "")), value=value, curve=curve,
                         tokens_per_s=sum(tps) / len(tps) if tps else float("nan"),
                         params=tags.get("params_total", ""), state=tags.get("state_numel_per_seq", "")))
@@ -144,7 +148,8 @@ def analyse(q, runs):
         m, sd = mean_sd([r["value"] for r in rs])
         row = dict(arm=arm, label=rs[0]["label"], n=len(rs), seeds=sorted(r["seed"] for r in rs), mean=m, sd=sd,
                    values={r["seed"]: r["value"] for r in rs}, tps=mean_sd([r["tokens_per_s"] for r in rs])[0],
-                   params=rs[0]["params"], state=rs[0]["state"], curves=[r["curve"] for r in rs])
+                   params=rs[0]["params"], state=rs[0]["state"], curves=[r["curve"] for r in rs],
+                   cells={k: sum(r["cells"].get(k, float("nan")) for r in rs) / len(rs) for k in rs[0]["cells"]})
         ref_arm = ref_of(q, arm)
         if ref_arm in arms:
             rv = {r["seed"]: r["value"] for r in arms[ref_arm]}
@@ -185,6 +190,21 @@ def table(q, rows):
                 cells += ["(reference)" if is_ref else "–", "", "", ""]
         cells += [f"{r['tps']:,.0f}" if r["tps"] == r["tps"] else "–", r["params"], r["state"]]
         out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def cell_table(rows):
+    """MQAR accuracy per (pairs, length) cell, mean over seeds: which cells a mixer solves."""
+    def key(c):
+        kv, t = c[2:].split("_T")
+        return int(t), int(kv)
+    cells = sorted({c for r in rows for c in r["cells"]}, key=key)
+    if not cells:
+        return None
+    head = ["arm"] + [f"N={key(c)[1]}, T={key(c)[0]}" for c in cells]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        out.append("| " + " | ".join([r["arm"]] + [fmt(r["cells"].get(c), 3) for c in cells]) + " |")
     return "\n".join(out)
 
 
@@ -277,6 +297,10 @@ def main(argv=None):
         folder = out / "reports" / q["key"]
         pics = plots(q, rows, folder)
         parts.append(table(q, rows) + "\n")
+        ct = cell_table(rows)
+        if ct:
+            parts.append("Accuracy per cell (N key-value pairs, sequence length T; training used T = 256), mean over "
+                         "seeds:\n\n" + ct + "\n")
         v = verdict(q, rows)
         if v:
             parts.append("Verdict (computed from the table):\n\n" + "\n".join(f"- {x}" for x in v) + "\n")
