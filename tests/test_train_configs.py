@@ -112,6 +112,13 @@ def test_config_named_callbacks_load_or_fail_naming_the_key():
     for bad in ("falcon_lab.evaluation.addition", "falcon_lab.nowhere:f", "falcon_lab.evaluation.addition:nope"):
         with pytest.raises(ConfigError, match=r"callbacks\.mine"):
             validate_config(compose([f"+callbacks.mine='{bad}'"]))
+    # the sweep runner's `runner=module:function` goes through the same loader, naming its own key
+    from falcon_lab.sweeps.runner import DEFAULT_RUNNER, load_runner
+
+    assert load_runner(None) is load_runner(DEFAULT_RUNNER)
+    for bad in ("falcon_lab.sweeps.runner", "falcon_lab.nowhere:f", "os:sep"):
+        with pytest.raises(ConfigError, match=r"^runner: "):
+            load_runner(bad)
 
 
 def test_training_imports_no_tier_above_it():

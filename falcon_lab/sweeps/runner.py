@@ -14,7 +14,6 @@ sweep command line plugs in another one (it must be importable in worker process
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
 
 Runner = Callable[[list, list, dict], dict]
@@ -81,14 +80,8 @@ training_runner.validate = validate_fit  # ... and the corner configs of the spa
 
 
 def load_runner(spec: str | None) -> Runner:
-    spec = spec or DEFAULT_RUNNER
-    if ":" not in spec:
-        raise ValueError(f"runner={spec}: expected 'module:function'")
-    mod, fn = spec.split(":", 1)
-    try:
-        obj = getattr(importlib.import_module(mod), fn)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"runner={spec}: cannot import ({e})") from e
-    if not callable(obj):
-        raise ValueError(f"runner={spec}: not callable")
-    return obj
+    """`runner=module:function` (default DEFAULT_RUNNER) -> the function; a ConfigError (a ValueError) naming
+    `runner` when it does not load."""
+    from falcon_lab.training.validate import load_callable
+
+    return load_callable(spec or DEFAULT_RUNNER, "runner")

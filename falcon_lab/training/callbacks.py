@@ -172,17 +172,6 @@ def load_callback_factory(target, key: str):
     a Lightning callback or None. The config names it, so training imports no tier above it (the addition
     accuracy callback lives in falcon_lab.evaluation). A target that does not load is a ConfigError naming
     the key."""
-    import importlib
+    from falcon_lab.training.validate import load_callable
 
-    from falcon_lab.training.validate import ConfigError
-
-    mod, sep, attr = str(target).partition(":")
-    if not sep or not mod or not attr:
-        raise ConfigError(f"callbacks.{key}: {target!r} is not 'module:function'")
-    try:
-        fn = getattr(importlib.import_module(mod), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"callbacks.{key}: cannot load {target!r}: {e}") from None
-    if not callable(fn):
-        raise ConfigError(f"callbacks.{key}: {target!r} is not callable")
-    return fn
+    return load_callable(target, f"callbacks.{key}")

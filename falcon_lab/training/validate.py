@@ -61,6 +61,24 @@ def load_checkpoint_safely(path, key: str, map_location="cpu", mmap: bool = Fals
     return ck
 
 
+def load_callable(target, key: str):
+    """A config's "module:function" string -> the function it names; anything else is a ConfigError naming the
+    key (`key` is the config path, e.g. "callbacks.addition" or "runner"). The one loader of such strings
+    (training callbacks, sweep runners)."""
+    import importlib
+
+    mod, sep, attr = str(target).partition(":")
+    if not sep or not mod or not attr:
+        raise ConfigError(f"{key}: {target!r} is not 'module:function'")
+    try:
+        fn = getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"{key}: cannot load {target!r}: {e}") from None
+    if not callable(fn):
+        raise ConfigError(f"{key}: {target!r} is not callable")
+    return fn
+
+
 def check_experiment_name(name) -> str:
     """logger.experiment_name names the run folder (outputs/<experiment_name>/...): a plain name only, so that
     no run writes outside the outputs folder (`../../elsewhere/x` would)."""
