@@ -46,7 +46,10 @@ QUESTIONS = [
          paper="\"ctxη beats ctxβ\" rests on Falcon-1A.1 vs .2: 0-shot 48.86 → 49.30, FineEdu perplexity equal "
                "(17.70 both), LAMBADA worse (47.93 → 51.01); one run each."),
     dict(key="eta_lr", title="Q2. η vs β: the learning-rate probe (seed 0)",
-         experiments=["ablate_eta_lr"], ref=None, **LM, paper=None),
+         experiments=["ablate_eta_lr"], ref=None, **LM, paper=None,
+         note="The probe's 2e-3 point is Q2's shared-lr runs of seed 0 (the table above): ctx_beta 0.9062, "
+              "ctx_eta 0.9076, the best of the four rates for both gates; so each gate's own tuned lr is the "
+              "shared one and Q2's tuned-lr arms are its shared-lr runs (PLAN.md)."),
     dict(key="qk_norm", title="Q3. QK-RMSNorm vs ℓ2 (Falcon-1A, × λ parameterisation)",
          experiments=["ablate_qk_norm"], **LM,
          ref={"qk_norm=rmsnorm,lam_mode=scaled": "qk_norm=l2,lam_mode=scaled",
@@ -304,6 +307,8 @@ def main(argv=None):
         v = verdict(q, rows)
         if v:
             parts.append("Verdict (computed from the table):\n\n" + "\n".join(f"- {x}" for x in v) + "\n")
+        if q.get("note"):
+            parts.append(q["note"] + "\n")
         if q.get("paper"):
             parts.append(f"Paper: {q['paper']}\n")
         parts += [f"![{p}](reports/{q['key']}/{p})" for p in pics] + [""]
