@@ -25,30 +25,31 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
-class _Warps:
-    """kernel[grid](...) with num_warps forced: for one launch site, without touching the kernel module's code."""
+class _Launch:
+    """kernel[grid](*args, **kw) with (args, kw) rewritten by `adjust` first: one launch site changed for an
+    experiment, without touching the kernel module's code."""
 
-    def __init__(self, kernel, warps):
-        self.kernel, self.warps = kernel, warps
-
-    def __getitem__(self, grid):
-        return lambda *args, **kw: self.kernel[grid](*args, **{**kw, "num_warps": self.warps})
-
-
-class _Fp32State:
-    """_pcd_bwd_state[grid](q, x, ..., prec): q and x as fp32 copies and "tf32" dots: the bf16 path's workaround
-    candidate (the kernel takes its dot dtype from x), tried without changing the kernel module."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
+    def __init__(self, kernel, adjust):
+        self.kernel, self.adjust = kernel, adjust
 
     def __getitem__(self, grid):
         def launch(*args, **kw):
-            args = list(args)
-            args[0], args[1] = args[0].float(), args[1].float()
-            args[22] = "tf32"  # PREC (the 23rd argument)
+            args, kw = self.adjust(list(args), dict(kw))
             return self.kernel[grid](*args, **kw)
         return launch
+
+
+def _warps(n):
+    """num_warps forced."""
+    return lambda args, kw: (args, {**kw, "num_warps": n})
+
+
+def _fp32_state(args, kw):
+    """_pcd_bwd_state(q, x, ..., prec): q and x as fp32 copies and "tf32" dots: the bf16 path's workaround
+    candidate (the kernel takes its dot dtype from x)."""
+    args[0], args[1] = args[0].float(), args[1].float()
+    args[22] = "tf32"  # PREC (the 23rd argument)
+    return args, kw
 
 
 def main(argv=None):
@@ -83,9 +84,9 @@ def main(argv=None):
             for mod in (chunk, percol, percol_delta):
                 mod._stages = lambda dtype, _f=forced: dict(_f)
         if a.state_warps:
-            percol_delta._pcd_bwd_state = _Warps(percol_delta._pcd_bwd_state, a.state_warps)
+            percol_delta._pcd_bwd_state = _Launch(percol_delta._pcd_bwd_state, _warps(a.state_warps))
         if a.state_fp32:
-            percol_delta._pcd_bwd_state = _Fp32State(percol_delta._pcd_bwd_state)
+            percol_delta._pcd_bwd_state = _Launch(percol_delta._pcd_bwd_state, _fp32_state)
         rec["gpu"] = torch.cuda.get_device_name() if a.device == "cuda" else a.device
         rec["torch"], rec["commit"] = torch.__version__, os.environ.get("FALCON_COMMIT", "unknown")
         cfg = dict(variant=a.variant, B=a.B, T=a.T, H=a.H, K=a.K, V=a.K, C=a.C, dtype=a.dtype)
