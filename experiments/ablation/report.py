@@ -78,8 +78,9 @@ def load_runs(db: Path, experiments, metric, agg, min_steps=1000):
         tags = dict(con.execute("SELECT key, value FROM tags WHERE run_uuid = ?", (rid,)).fetchall())
         hist = con.execute("SELECT step, value FROM metrics WHERE run_uuid = ? AND key = ? ORDER BY step, timestamp",
                            (rid, metric)).fetchall()
-        curve = con.execute("SELECT step, value FROM metrics WHERE run_uuid = ? AND key = 'val/loss' "
-                            "ORDER BY step, timestamp", (rid,)).fetchall()
+        curve = hist if metric == "val/loss" else con.execute(
+            "SELECT step, value FROM metrics WHERE run_uuid = ? AND key = 'val/loss' ORDER BY step, timestamp",
+            (rid,)).fetchall()
         steps = con.execute("SELECT MAX(step) FROM metrics WHERE run_uuid = ? AND key = 'train/loss'",
                             (rid,)).fetchone()[0] or 0
         tps = [v for (v,) in con.execute("SELECT value FROM metrics WHERE run_uuid = ? AND key = 'train/tokens_per_s'",
