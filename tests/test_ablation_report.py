@@ -50,3 +50,23 @@ def test_report_from_the_committed_store(tmp_path):
     assert len(best) == 3
     row = next(line for line in text.splitlines() if line.startswith("| variant=1A |"))
     assert f"{sum(best) / 3:.4f} ±" in row
+
+
+def test_mqar_contrasts_pair_each_row_with_its_own_reference():
+    """MQAR tables: a preset row is paired with the same variant at the slow start (the start's effect), a
+    baseline and the other slow-start rows with Falcon-1A at the slow start, the one-knob arms with Falcon-1's."""
+    refs = _report().mqar_refs(128)
+    slow = lambda v: f"variant={v},d=128,lam_init_bias=-6,output_gate=false"  # noqa: E731
+    assert refs["variant=3A,d=128"] == slow("3A")
+    assert refs["mixer=deltanet,d=128"] == refs[slow("2A")] == slow("1A")
+    assert refs["variant=1,d=128,lam_init_bias=-6"] == slow("1")
+    assert slow("1A") not in refs  # the reference itself
+
+
+def test_mqar_companion_of_a_question_keeps_its_contrasts_at_one_width():
+    rep = _report()
+    win = next(q for q in rep.QUESTIONS if q["key"] == "window_mqar_d256")
+    sfx = ",d=256," + rep.SLOW
+    assert win["experiments"] == ["ablate_window_mqar"] and win["arm_filter"] == ",d=256,"
+    assert win["ref"]["variant=3A,window=8" + sfx] == "variant=3A,window=1" + sfx
+    assert next(q for q in rep.QUESTIONS if q["key"] == "eta_mqar_d128")["ref"] == "gate=ctx_beta,d=128," + rep.SLOW
