@@ -5,11 +5,17 @@
     ... --kernel-only         no float64 reference (for compute-sanitizer, which slows every kernel)
     ... --variant 2A          the per-column inner-product kernels at the same shape
     ... --state-fp32          the backward state kernel on fp32 copies of q and x (a workaround candidate)
-    ... --state-warps 8       the backward state kernel (where CUDA_LAUNCH_BLOCKING=1 placed the crash) at 8 warps
+    ... --state-warps 4       the backward state kernel (_pcd_bwd_state) at 4 warps: the launch that crashed
 
 Default shape: the one that died on 2026-12-01 (B=1, T=1000, H=2, K=V=128, chunk 64, initial state, gradient
 through the final state). With the reference, the errors are falcon_lab.benchmarking.gpu_check's against the
 float64 loop, judged with its tolerances. Exit 0 pass, 1 fail (numbers off), 3 error (exception, e.g. CUDA).
+
+History: up to e5909d9 percol_delta_backward launched _pcd_bwd_state with Triton's default 4 warps; there
+compute-sanitizer found an out-of-range shared/local address at the dH update in bf16 (2026-12-02,
+benchmarks/results/h200_logs/falcon2_crash_2026-12-02b/), and 8 warps, --state-fp32 and --C 32 passed. Since
+then the module launches it with 8 warps, so the default run here checks that candidate fix and
+`--state-warps 4` reproduces the old launch (`--state-fp32` now runs at 8 warps unless combined with it).
 """
 from __future__ import annotations
 
@@ -63,7 +69,8 @@ def main(argv=None):
     p.add_argument("--C", type=int, default=64)
     p.add_argument("--stages", type=int, default=0, help="0 = the kernels' own choice")
     p.add_argument("--state-warps", type=int, default=0,
-                   help="launch Falcon-2's backward state kernel (_pcd_bwd_state) with this many warps (0 = its own)")
+                   help="launch Falcon-2's backward state kernel (_pcd_bwd_state) with this many warps (0 = the "
+                        "module's own, 8 since the issue-15 fix; 4 = the launch that crashed on the H200)")
     p.add_argument("--state-fp32", action="store_true",
                    help="give _pcd_bwd_state fp32 copies of q and x (its dots then run as in the fp32 path, which passed)")
     p.add_argument("--kernel-only", action="store_true")

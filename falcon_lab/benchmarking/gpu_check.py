@@ -10,6 +10,9 @@
    cu_seqlens and a continuation split, forward and backward.
 3. The fused decode step inside a CUDA graph against recurrent_falcon, every variant.
 Writes triton_check_h200.json (every row) and triton_check_h200.md (error per variant per tensor).
+A CUDA error that poisons the context (an illegal memory access: every later CUDA call fails too) stops the
+check: that row keeps its error, every later row is marked "not run: CUDA context poisoned by row N" (run
+them in a fresh process) and the exit code is non-zero.
 """
 
 from __future__ import annotations
@@ -28,6 +31,34 @@ from falcon_lab.benchmarking.ref64 import make_core_inputs, ref_core, rel_err  #
 from falcon_lab.kernels.spec import FalconSpec  # noqa: E402
 
 TOL = {"float32": (1e-4, 1e-4), "bfloat16": (2e-2, 4e-2)}  # (forward, gradients): ours
+
+# Sticky CUDA errors: after one, the context is unusable and every later call in the process fails with it.
+_STICKY = ("illegal memory access", "illegal address", "illegal instruction", "misaligned address",
+           "unspecified launch failure", "device-side assert", "AcceleratorError")
+
+
+def _error_status(e: BaseException) -> str:
+    """"ERROR Type: first line of the message" (one line: the message becomes a markdown table cell)."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"ERROR {type(e).__name__}: {first}"[:300]
+
+
+def _cuda_usable() -> bool:
+    """Whether the device still synchronizes: a sticky error is returned by every later synchronize, an
+    out-of-memory error is not (no allocation here, so a full GPU does not read as a poisoned one)."""
+    try:
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001 - any failure here means the context is gone
+        return False
+
+
+def context_poisoned(e: BaseException) -> bool:
+    """Whether exception `e` from a row left the CUDA context unusable (a sticky error such as an illegal
+    memory access), so that no later row in this process can be trusted. An out-of-memory error or a
+    wrong-shape ValueError is not; a sticky-error marker in the message, or a failing synchronize, is."""
+    msg = f"{type(e).__name__}: {e}"
+    return any(m in msg for m in _STICKY) or not _cuda_usable()
 
 
 def check_core(*, variant, B, T, H, K, V, C, dtype, read_after=True, strong=False, seed=0, dev="cuda"):
@@ -165,6 +196,7 @@ def main(argv=None):
     def write():
         meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                     commit=os.environ.get("FALCON_COMMIT", "unknown"), poisoned_outputs=True,
+                    context_poisoned_by=poisoned[0] if poisoned else None,
                     tolerances={k: {"forward": a, "gradients": b} for k, (a, b) in TOL.items()},
                     seconds=round(time.time() - t0, 1))
         (out / "triton_check_h200.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
@@ -198,6 +230,32 @@ def main(argv=None):
                     cfgs.append(dict(variant=variant, B=2, T=1000, H=2, K=K, V=K, C=C, dtype=dtype))
         cfgs.append(dict(variant=variant, B=2, T=333, H=2, K=64, V=32, C=32, dtype="float32", read_after=False))
         cfgs.append(dict(variant=variant, B=1, T=640, H=2, K=64, V=64, C=64, dtype="float32", strong=True))
+    poisoned = []  # [label of the row whose error poisoned the CUDA context], at most one
+
+    def run_row(row, label, fn, judge, not_implemented_ok=False):
+        """Run one row (fn() -> errors; judge(errors) -> ok) unless an earlier row poisoned the context."""
+        if poisoned:
+            row.update(status=f"not run: CUDA context poisoned by row {poisoned[0]}")
+        else:
+            try:
+                res = fn()
+                row.update(errors=res, status="pass" if judge(res) else "FAIL")
+            except Exception as e:  # recorded, not hidden
+                if not_implemented_ok and isinstance(e, NotImplementedError):
+                    row.update(status=f"not implemented: {e}"[:200])
+                else:
+                    row.update(status=_error_status(e))
+                    if context_poisoned(e):
+                        poisoned.append(label)
+                        row["status"] += " [poisoned the CUDA context: later rows not run]"
+        rows.append(row)
+        write()
+        print(f"[{time.time() - t0:6.1f}s] {row['status'][:5]:5s} {label} {row.get('errors', '')}", flush=True)
+
+    def tol_judge(dtype, fwd_keys):
+        ftol, gtol = TOL[dtype]
+        return lambda res: all(v <= (ftol if fwd_keys(k) else gtol) for k, v in res.items())
+
     for i, c in enumerate(cfgs):
         spec = FalconSpec.from_variant(c["variant"])
         row = dict(kind="core", **c)
@@ -205,47 +263,25 @@ def main(argv=None):
             row.update(status="not implemented in Triton")
             rows.append(row)
             continue
-        try:
-            res = check_core(seed=i, **c)
-            ftol, gtol = TOL[c["dtype"]]
-            ok = all(v <= (ftol if k in ("o", "S_T") else gtol) for k, v in res.items())
-            row.update(errors=res, status="pass" if ok else "FAIL")
-        except Exception as e:  # recorded, not hidden
-            row.update(status=f"ERROR {type(e).__name__}: {e}"[:300])
-        rows.append(row)
-        write()
-        print(f"[{time.time() - t0:6.1f}s] {row['status']:5s} {c} {row.get('errors', '')}", flush=True)
+        run_row(row, f"{len(rows) + 1} (core {c})", lambda c=c, i=i: check_core(seed=i, **c),
+                tol_judge(c["dtype"], lambda k: k in ("o", "S_T")))
     api_cfgs = [("1", "bfloat16"), ("3A", "float32"), ("3", "bfloat16"), ("2A", "float32")] if args.final else \
         [(v, d) for v in only for d in ("bfloat16", "float32")]
     for variant, dtype in api_cfgs:
-        if True:
-            row = dict(kind="api-varlen-continuation", variant=variant, dtype=dtype, K=64)
-            try:
-                res = check_api(variant=variant, dtype=dtype, K=64)
-                ftol, gtol = TOL[dtype]
-                ok = all(v <= (ftol if k.startswith("o") else gtol) for k, v in res.items())
-                row.update(errors=res, status="pass" if ok else "FAIL")
-            except NotImplementedError as e:
-                row.update(status=f"not implemented: {e}"[:200])
-            except Exception as e:
-                row.update(status=f"ERROR {type(e).__name__}: {e}"[:300])
-            rows.append(row)
-            write()
-            print(f"[{time.time() - t0:6.1f}s] {row['status'][:5]:5s} api {variant} {dtype} {row.get('errors', '')}", flush=True)
+        row = dict(kind="api-varlen-continuation", variant=variant, dtype=dtype, K=64)
+        run_row(row, f"{len(rows) + 1} (api {variant} {dtype})",
+                lambda variant=variant, dtype=dtype: check_api(variant=variant, dtype=dtype, K=64),
+                tol_judge(dtype, lambda k: k.startswith("o")), not_implemented_ok=True)
     for variant in (("1", "2A", "3") if args.final else only):
         row = dict(kind="decode-cuda-graph", variant=variant, dtype="float32", K=64)
-        try:
-            res = check_decode_graph(variant=variant)
-            row.update(errors=res, status="pass" if res["o_graph_decode"] <= 1e-4 else "FAIL")
-        except Exception as e:
-            row.update(status=f"ERROR {type(e).__name__}: {e}"[:300])
-        rows.append(row)
-        write()
-        print(f"[{time.time() - t0:6.1f}s] {row['status'][:5]:5s} decode-graph {variant} {row.get('errors', '')}", flush=True)
+        run_row(row, f"{len(rows) + 1} (decode-graph {variant})",
+                lambda variant=variant: check_decode_graph(variant=variant), lambda res: res["o_graph_decode"] <= 1e-4)
 
     meta = write()
     n_fail = sum(r["status"] not in ("pass",) and not r["status"].startswith("not implemented") for r in rows)
-    print(f"done: {len(rows)} rows, {n_fail} failing/erroring, {meta}")
+    print(f"done: {len(rows)} rows, {n_fail} failing/erroring/not run, {meta}")
+    if poisoned:
+        print(f"STOPPED: row {poisoned[0]} poisoned the CUDA context; the rows after it were not run", flush=True)
     return n_fail
 
 

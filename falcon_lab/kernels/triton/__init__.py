@@ -16,8 +16,11 @@ What runs where (docs/kernels-triton.md):
   * per-column gates, linear (Falcon-2A): percol.py, exact [C, C, 4]-column broadcast for the
     intra-chunk decays. Proven on the H200 (bf16 and fp32, fwd+bwd, through the op);
   * per-column gates with delta (Falcon-2): percol_delta.py, per-column forward/backward substitution
-    in the state passes, the rest shared with Falcon-2A. Tested under the interpreter only, NOT on a
+    in the state passes, the rest shared with Falcon-2A. Tested under the interpreter; NOT proven on a
     GPU: off on CUDA unless FALCON_TRITON_UNPROVEN=1 (without it backend=None runs the torch core there).
+    On the H200 its bf16 backward crashed at K = V = 128, C = 64 (issue 15: an out-of-range shared/local
+    address in _pcd_bwd_state at 4 warps); the 8-warp launch now used is the candidate fix, unproven until
+    the full `bench check --variants 2` sweep passes there.
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
 before triton is first imported (the tests start a subprocess for that).
 """

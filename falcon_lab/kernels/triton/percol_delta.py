@@ -20,8 +20,12 @@ most of the backward reuse percol.py's kernels. New here (ours):
 Every exponent is a difference u_a - u_b with b <= a, so it is <= 0.
 
 Status: tested under the Triton interpreter against the float64 loop (tests/test_triton_interp.py);
-NOT run on a GPU (no device time was left): off on CUDA unless FALCON_TRITON_UNPROVEN=1. Prove it with
-`FALCON_TRITON_UNPROVEN=1 python -m falcon_lab.bench check --variants 2`.
+NOT proven on a GPU: off on CUDA unless FALCON_TRITON_UNPROVEN=1. On the H200 (2026-12-01/02, Triton 3.6)
+every bf16 row of the check passed except K = V = 128, C = 64 (with S0 and dS_T), which died with an
+illegal memory access: compute-sanitizer placed it in _pcd_bwd_state, an out-of-range shared/local address
+at Triton's default 4 warps (issue 15). That kernel is now launched with 8 warps like the other backward
+kernels (that row passed so), the candidate fix; prove it with
+`FALCON_TRITON_UNPROVEN=1 python -m falcon_lab.bench check --variants 2` alone on the GPU.
 """
 
 from __future__ import annotations
@@ -325,10 +329,16 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     DSU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     DRHS = torch.empty(B, T, H, V, dtype=f32, device=dev)
     DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
+    # num_warps=8 like the other backward launches here (issue 15). At Triton's default of 4 warps this kernel crashed
+    # on the H200 (Triton 3.6) in bf16 with BK = 128, C = 64, dST and dS0: compute-sanitizer memcheck reported
+    # "out-of-range shared or local address" at the dH update (its two tl.dot), i.e. inside the compiled
+    # kernel, not in our pointers. The same row passed at 8 warps, with fp32 q/x and with C = 32
+    # (benchmarks/results/h200_logs/falcon2_crash_2026-12-02b/). The 8-warp launch is the candidate fix, not
+    # yet proven by the full `bench check --variants 2` sweep on the GPU.
     _pcd_bwd_state[(triton.cdiv(V, BVs), B * H)](
         q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS,
         DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BVs, read_after, dST is not None, need_ds0,
-        prec, **st)
+        prec, num_warps=8, **st)
     # Falcon-2A's backward with R as the values: dq (final), the read-out and state-update parts of
     # dx, dη and d log γ. Its "dv" is η ⊙ dU, already used above: written over the spent DUI.
     DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)
