@@ -236,11 +236,15 @@ def table(q, rows):
     return "\n".join(out)
 
 
+def _cell_key(c):
+    """'kv32_T512' -> (512, 32): cells ordered by length, then pairs."""
+    kv, t = c[2:].split("_T")
+    return int(t), int(kv)
+
+
 def cell_table(rows):
     """MQAR accuracy per (pairs, length) cell, mean over seeds: which cells a mixer solves."""
-    def key(c):
-        kv, t = c[2:].split("_T")
-        return int(t), int(kv)
+    key = _cell_key
     cells = sorted({c for r in rows for c in r["cells"]}, key=key)
     if not cells:
         return None
@@ -287,11 +291,12 @@ def plots(q, rows, folder: Path):
 
     folder.mkdir(parents=True, exist_ok=True)
     names = []
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
+    labels = [f"{r['arm']} ({r['label']})" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(7.0, 4.0 + 0.075 * max(map(len, labels))), 0.45 * len(rows) + 1.2))
     for i, r in enumerate(rows):
         ax.errorbar([r["mean"]], [i], xerr=[[r["sd"] if r["sd"] == r["sd"] else 0]], fmt="s", color="C0", capsize=4)
         ax.scatter(list(r["values"].values()), [i] * len(r["values"]), color="C1", s=14, zorder=3)
-    ax.set_yticks(range(len(rows)), [f"{r['arm']} ({r['label']})" for r in rows], fontsize=8)
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(q["label"] + (" (lower is better)" if q["lower_better"] else " (higher is better)"))
     ax.set_title(q["title"], fontsize=9)
@@ -300,6 +305,22 @@ def plots(q, rows, folder: Path):
     fig.savefig(folder / "arms.png", dpi=110)
     plt.close(fig)
     names.append("arms.png")
+    cells = sorted({c for r in rows for c in r["cells"]}, key=_cell_key)
+    if cells:  # MQAR: accuracy per (pairs, length) cell, one line per arm
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for i, r in enumerate(rows):
+            ax.plot(range(len(cells)), [r["cells"].get(c, float("nan")) for c in cells], marker="o", ms=3,
+                    label=r["arm"], color=f"C{i % 10}", ls="-" if i < 10 else "--")
+        ax.set_xticks(range(len(cells)), [f"N={_cell_key(c)[1]}\nT={_cell_key(c)[0]}" for c in cells], fontsize=8)
+        ax.set_ylabel("MQAR accuracy (mean over seeds)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        ax.set_title(q["title"] + " — per cell (trained at T = 256)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(folder / "cells.png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        names.append("cells.png")
     if q["metric"] == "val/loss":
         fig, ax = plt.subplots(figsize=(7, 4))
         for i, r in enumerate(rows):
