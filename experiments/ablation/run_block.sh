@@ -20,6 +20,8 @@
 # (ckpt_path=, same overrides: the same MLflow run continues). At the end ONLY small files (MLflow stores +
 # artifacts, metrics.jsonl, config.yaml, MQAR JSON, logs, status/summary) are packed into
 # $OUT/ablation_$BLOCK.tgz (never checkpoints). Merge here with python -m falcon_lab.training.mlflow_merge.
+# A run killed by a CUDA out-of-memory error is queued again (OOM_RETRIES, default 1), and on a GPU no run
+# starts while less than GPU_MIN_FREE_MIB (default 16000) is free; POLL_S sets the scheduler's tick (5 s).
 set -u
 PY=${PYTHON:-python3}
 SMOKE=${SMOKE:-0}
@@ -112,25 +114,46 @@ pack() {  # small files only: no checkpoints
 }
 
 # ---- schedule: PAR at a time, nothing new after DEADLINE_S --------------------------------------------------
-declare -A pid_of=()
-next=0; n=0
+# A run that dies of a CUDA out-of-memory error (its last attempt's log says so) is queued again, at the end,
+# up to OOM_RETRIES times; on a GPU no run starts while less than GPU_MIN_FREE_MIB is free (block 6 lost three
+# Falcon-3 starts to OOM at 14 runs at once). Both are ours.
+OOM_RETRIES=${OOM_RETRIES:-1}; POLL_S=${POLL_S:-5}
+if [ "$SMOKE" != 1 ] && command -v nvidia-smi >/dev/null 2>&1; then GPU_MIN_FREE_MIB=${GPU_MIN_FREE_MIB:-16000}; else GPU_MIN_FREE_MIB=${GPU_MIN_FREE_MIB:-0}; fi
+gpu_room() {  # is there GPU_MIN_FREE_MIB free on the GPU (always, when the gate is off)?
+  [ "$GPU_MIN_FREE_MIB" -le 0 ] && return 0
+  local free; free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits 2>/dev/null | head -n 1)
+  [ -z "$free" ] || [ "$free" -ge "$GPU_MIN_FREE_MIB" ]
+}
+oom_last_attempt() {  # did the last attempt of run INDEX end in a CUDA out-of-memory error?
+  awk '/^== /{b=""} {b=b $0 "\n"} END{printf "%s", b}' "$WORK/logs/${names[$1]}.log" 2>/dev/null |
+    grep -q "OutOfMemoryError\|CUDA out of memory"
+}
+declare -A pid_of=() tries=()
+queue=("${!names[@]}"); n=0; waited=0
 while :; do
   for i in "${!pid_of[@]}"; do kill -0 "${pid_of[$i]}" 2>/dev/null || { wait "${pid_of[$i]}" 2>/dev/null; unset "pid_of[$i]";
-    say "${names[$i]} ended: $(tr '\n' ' ' < "$WORK/runs/${names[$i]}/rc" 2>/dev/null)$( [ -f "$WORK/runs/${names[$i]}/done" ] && echo done || echo NOT-done)"; }; done
-  while [ ${#pid_of[@]} -lt "$PAR" ] && [ $next -lt ${#names[@]} ] && [ "$(el)" -lt "$DEADLINE_S" ]; do
-    if [ -f "$WORK/runs/${names[$next]}/done" ]; then say "${names[$next]} already done"; next=$((next + 1)); continue; fi
-    launch $next; pid_of[$next]=$!; say "started ${names[$next]} (pid ${pid_of[$next]})"
-    next=$((next + 1)); sleep "${STAGGER_S:-2}"
+    say "${names[$i]} ended: $(tr '\n' ' ' < "$WORK/runs/${names[$i]}/rc" 2>/dev/null)$( [ -f "$WORK/runs/${names[$i]}/done" ] && echo done || echo NOT-done)"
+    if [ ! -f "$WORK/runs/${names[$i]}/done" ] && [ "${tries[$i]}" -le "$OOM_RETRIES" ] && oom_last_attempt "$i"; then
+      queue+=("$i"); say "${names[$i]} ran out of GPU memory: queued again (attempt ${tries[$i]} of $((OOM_RETRIES + 1)))"; fi; }; done
+  while [ ${#pid_of[@]} -lt "$PAR" ] && [ ${#queue[@]} -gt 0 ] && [ "$(el)" -lt "$DEADLINE_S" ]; do
+    i=${queue[0]}
+    if [ -f "$WORK/runs/${names[$i]}/done" ]; then say "${names[$i]} already done"; queue=("${queue[@]:1}"); continue; fi
+    if ! gpu_room; then
+      [ $((waited % 12)) -eq 0 ] && say "waiting for GPU memory (< $GPU_MIN_FREE_MIB MiB free) before ${names[$i]}"
+      waited=$((waited + 1)); break; fi
+    queue=("${queue[@]:1}"); tries[$i]=$(( ${tries[$i]:-0} + 1 ))
+    launch "$i"; pid_of[$i]=$!; say "started ${names[$i]} (pid ${pid_of[$i]})"
+    sleep "${STAGGER_S:-2}"
   done
-  [ ${#pid_of[@]} -eq 0 ] && { [ $next -ge ${#names[@]} ] || [ "$(el)" -ge "$DEADLINE_S" ]; } && break
-  sleep 5; n=$((n + 1))
-  if [ $((n % 12)) -eq 0 ]; then  # every minute: the last logged step of each running arm
+  [ ${#pid_of[@]} -eq 0 ] && { [ ${#queue[@]} -eq 0 ] || [ "$(el)" -ge "$DEADLINE_S" ]; } && break
+  sleep "$POLL_S"; n=$((n + 1))
+  if [ $((n % 12)) -eq 0 ]; then  # every 12 polls (a minute by default): the last logged step of each running arm
     line="running:"; for i in "${!pid_of[@]}"; do
       s=$(tail -n 1 "$WORK/runs/${names[$i]}/metrics.jsonl" 2>/dev/null | sed -n 's/.*"step": \([0-9]*\).*/\1/p')
       line+=" ${names[$i]}@${s:--}"; done; say "$line"
   fi
 done
-[ $next -lt ${#names[@]} ] && say "deadline: $(( ${#names[@]} - next )) arm(s) not started"
+[ ${#queue[@]} -gt 0 ] && say "deadline: ${#queue[@]} arm(s) not started"
 
 # ---- status + summary, then pack ----------------------------------------------------------------------------
 { printf 'name\tstate\trc\n'
