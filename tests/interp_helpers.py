@@ -39,3 +39,11 @@ def run_interp_cases(script: str, cases: list, timeout: int = 600, **env_extra) 
         pytest.fail("interpreter subprocess produced no results:\n" + "\n".join(
             f"{o[-2000:]}\n{e[-4000:]}" for o, e in outs))
     return res
+
+
+def case_result(results: dict, case_id: str):
+    """The "res" of one case in run_interp_cases' answer; fails the test where the case did not run or raised."""
+    r = results.get(case_id)
+    assert r is not None, f"case {case_id} did not run"
+    assert "error" not in r, r.get("error")
+    return r["res"]

@@ -3,25 +3,12 @@ triton is imported) and FALCON_TRITON_POISON=1 (NaN-filled outputs). Each conv c
 short_conv(backend="triton") forward and backward and reports relative errors against the torch path
 computed in float64 on the same (rounded) inputs. Prints one JSON line per case."""
 
-import json
-import os
-import sys
+from interp_case_helpers import rel, run_cases  # first: checks TRITON_INTERPRET=1, one torch thread
 
-assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+import torch
 
-import torch  # noqa: E402
-
-torch.set_num_threads(1)
-
-from falcon_lab.modules import conv  # noqa: E402
-from falcon_lab.modules.conv import short_conv, short_conv_torch  # noqa: E402
-
-
-def rel(a, b):
-    a = a.double()
-    if not torch.isfinite(a).all():
-        return float("inf")
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+from falcon_lab.modules import conv
+from falcon_lab.modules.conv import short_conv, short_conv_torch
 
 
 def pos_from_cu(cu):
@@ -103,10 +90,4 @@ def opcheck_case(c):
 
 
 if __name__ == "__main__":
-    for c in json.loads(sys.argv[1]):
-        try:
-            kind = c.get("kind", "conv")
-            res = {"conv": conv_case, "compile": compile_case, "opcheck": opcheck_case}[kind](c)
-            print(json.dumps({"id": c["id"], "res": res}), flush=True)
-        except Exception as e:  # reported; the test fails on it
-            print(json.dumps({"id": c["id"], "error": f"{type(e).__name__}: {e}"}), flush=True)
+    run_cases(lambda c: {"conv": conv_case, "compile": compile_case, "opcheck": opcheck_case}[c.get("kind", "conv")](c))

@@ -4,24 +4,11 @@ forward and backward, with the torch path computed in float64 on the same (round
 runs both Triton ops under torch.compile(backend="aot_eager", fullgraph=True), forward and backward,
 against eager. Prints one JSON line per case."""
 
-import json
-import os
-import sys
+from interp_case_helpers import rel, run_cases  # first: checks TRITON_INTERPRET=1, one torch thread
 
-assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+import torch
 
-import torch  # noqa: E402
-
-torch.set_num_threads(1)
-
-from falcon_lab.modules.norm import qk_norm, qk_norm_torch, rms_norm_gated, rms_norm_gated_torch  # noqa: E402
-
-
-def rel(a, b):
-    a = a.double()
-    if not torch.isfinite(a).all():
-        return float("inf")
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+from falcon_lab.modules.norm import qk_norm, qk_norm_torch, rms_norm_gated, rms_norm_gated_torch
 
 
 def inputs(c):
@@ -93,9 +80,4 @@ def compile_case(c):
 
 
 if __name__ == "__main__":
-    for c in json.loads(sys.argv[1]):
-        try:
-            res = compile_case(c) if c.get("compile") else run_case(c)
-            print(json.dumps({"id": c["id"], "res": res}), flush=True)
-        except Exception as e:  # reported, the parent test fails on it
-            print(json.dumps({"id": c["id"], "error": f"{type(e).__name__}: {e}"}), flush=True)
+    run_cases(lambda c: compile_case(c) if c.get("compile") else run_case(c))

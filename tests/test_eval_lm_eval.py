@@ -15,17 +15,11 @@ TASKS = ROOT / "evaluation" / "tasks"
 
 @pytest.fixture(scope="module")
 def offline_hf(tmp_path_factory):
-    import os
     home = tmp_path_factory.mktemp("hf_home")
-    old = {k: os.environ.get(k) for k in ("HF_HOME", "HF_DATASETS_CACHE")}
-    os.environ["HF_HOME"] = str(home)
-    os.environ["HF_DATASETS_CACHE"] = str(home / "datasets")
-    yield
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with pytest.MonkeyPatch.context() as mp:  # the variables are put back afterwards
+        mp.setenv("HF_HOME", str(home))
+        mp.setenv("HF_DATASETS_CACHE", str(home / "datasets"))
+        yield
 
 
 @pytest.fixture(scope="module")

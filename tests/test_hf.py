@@ -19,14 +19,10 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZ
 def hf_home(tmp_path_factory):
     """HF caches (remote-code modules, datasets) in a temporary folder, offline."""
     home = tmp_path_factory.mktemp("hf_home")
-    old = {k: os.environ.get(k) for k in ("HF_HOME", "HF_DATASETS_CACHE", "HF_MODULES_CACHE")}
-    os.environ.update(HF_HOME=str(home), HF_DATASETS_CACHE=str(home / "datasets"), HF_MODULES_CACHE=str(home / "mod"))
-    yield home
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with pytest.MonkeyPatch.context() as mp:  # the variables are put back afterwards
+        for k, v in (("HF_HOME", home), ("HF_DATASETS_CACHE", home / "datasets"), ("HF_MODULES_CACHE", home / "mod")):
+            mp.setenv(k, str(v))
+        yield home
 
 
 @pytest.fixture(scope="module")

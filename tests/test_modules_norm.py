@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from interp_helpers import run_interp_cases
+from interp_helpers import case_result, run_interp_cases
 import torch
 import torch.nn.functional as F
 
@@ -155,10 +155,7 @@ def results():
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_triton_interpreter_matches_float64(results, case):
-    r = results.get(case["id"])
-    assert r is not None, f"case {case['id']} did not run"
-    assert "error" not in r, r.get("error")
-    res = r["res"]
+    res = case_result(results, case["id"])
     expected = {"y", "dx"} | ({"dweight"} if case.get("w", "D") != "none" else set()) | (
         {"dgate"} if case.get("gate") else set())
     assert set(res) == expected, res

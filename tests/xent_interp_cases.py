@@ -3,24 +3,11 @@ triton is imported). Each case runs xent_rows_(backend="triton") and reports the
 the per-row NLL and the in-place gradient against the torch body computed in float64 on the same
 (rounded) logits. Prints one JSON line per case."""
 
-import json
-import os
-import sys
+from interp_case_helpers import rel, run_cases  # first: checks TRITON_INTERPRET=1, one torch thread
 
-assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+import torch
 
-import torch  # noqa: E402
-
-torch.set_num_threads(1)
-
-from falcon_lab.modules.xent import xent_rows_, xent_rows_torch_  # noqa: E402
-
-
-def rel(a, b):
-    a = a.double()
-    if not torch.isfinite(a).all():
-        return float("inf")
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+from falcon_lab.modules.xent import xent_rows_, xent_rows_torch_
 
 
 def run(c):
@@ -46,13 +33,5 @@ def run(c):
     return out
 
 
-def main():
-    for c in json.loads(sys.argv[1]):
-        try:
-            print(json.dumps({"id": c["id"], "res": run(c)}), flush=True)
-        except Exception as e:  # reported, and the test fails on it
-            print(json.dumps({"id": c["id"], "error": f"{type(e).__name__}: {e}"}), flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    run_cases(run)

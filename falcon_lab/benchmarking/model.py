@@ -344,7 +344,7 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=None
     tokens_per_step None: GPU_TOKENS_PER_STEP on CUDA, CPU_TOKENS_PER_STEP on CPU. compiled None: the
     training default (model.compile=auto: compiled on CUDA, eager on CPU). loss_impl None: the model
     config's default (model.loss_impl); another value labels the rows `+<impl>-loss`. profile: one more
-    training step per mixer at the first length under torch.profiler (rows `train_profile`). Returns the
+    training step per mixer at the first length under torch.profiler (rows `train_profile_ms`). Returns the
     result dict. overrides: more Hydra overrides for the platform's models (e.g. mixer.module_backend=torch),
     with `tag` appended to their labels (`<mixer>+<tag>`) so such rows stand beside the default ones."""
     from falcon_lab.training.callbacks import device_peak_flops
@@ -367,135 +367,39 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=None
         raise ValueError("--override needs --tag (a label suffix for the rows it changes)")
     peak = device_peak_flops(peak_flops) if (device.type == "cuda" or peak_flops) else None
     if tokens_per_step is None:
-        tokens_per_step = GPU_TOKENS_PER_STEP if device.type == "cuda" else CPU_TOKENS_PER_STEP
-        if device.type == "cpu":  # 32768 tokens x 50304 logits is 6.6 GB of fp32 logits alone
-            log.info("CPU: %d tokens per step (the GPU default is %d; set --tokens-per-step to change)",
-                     tokens_per_step, GPU_TOKENS_PER_STEP)
-    try:
-        import triton
-
-        triton_v = triton.__version__
-    except Exception:  # noqa: BLE001
-        triton_v = None
+        tokens_per_step = _default_tokens_per_step(device)
+    res = _result_header(device, size, vocab, tokens_per_step, bf16, peak, cuda_graphs, prefill_chunk, compiled,
+                         loss_impl or default_loss)
     slug = gpu_slug(device)
-    res = {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "torch": torch.__version__, "triton": triton_v, "commit": _commit(), "size": size,
-           "vocab": vocab, "tokens_per_step": tokens_per_step, "bf16_autocast": bool(bf16 and device.type == "cuda"),
-           "peak_flops": peak, "cuda_graphs": bool(cuda_graphs), "prefill_chunk": prefill_chunk,
-           "compile": bool(compiled), "loss_impl": loss_impl or default_loss, "rows": []}
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     jpath = outdir / f"model_{slug}.json"
     graphs = bool(cuda_graphs and device.type == "cuda")  # rows labelled <mixer>+graph (CPU: eager anyway)
+
+    def label(name):
+        return _tagged(_label(name, graphs, compiled, static_kv, loss_tag), tag)
+
     if jpath.exists() and not fresh:
-        # ours: runs accumulate. Rows of mixers not measured now are kept (each row carries its commit),
-        # so a long run split by --mixers, or an interrupted one re-run for the missing mixers, ends in
-        # one file; a mixer measured again replaces its rows. Other sizes/devices/vocabularies are refused.
-        try:
-            old = json.loads(jpath.read_text())
-        except ValueError as e:
-            raise ValueError(f"--out: {jpath} is not valid JSON ({e}); use --fresh to overwrite it") from None
-        for key in ("size", "vocab", "tokens_per_step", "gpu"):
-            if old.get(key) != res[key]:
-                raise ValueError(f"--out: {jpath} holds {key}={old.get(key)!r}, this run has {res[key]!r}; "
-                                 "use another --out or --fresh")
-        labelled = {_tagged(_label(n, graphs, compiled, static_kv, loss_tag), tag) for n in mixers}
-        res["rows"] = [r for r in old.get("rows", []) if r.get("mixer") not in labelled]
+        res["rows"] = _previous_rows(jpath, res, {label(n) for n in mixers})
     for name in mixers:
-        cfg = None
-        labels = {"mixer": _tagged(_label(name, graphs, compiled, static_kv, loss_tag), tag), "variant": None,
-                  "preset": None}
         mrows = []
-
-        def add(seq_len, batch, metric, value, unit, **extra):
-            r = {**labels, "seq_len": seq_len, "batch": batch, "metric": metric, "value": value, "unit": unit,
-                 "commit": res["commit"], **extra}
-            mrows.append(r)
-            res["rows"].append(r)
-
         try:
-            if name == FLA_DELTANET:
-                # fla's model runs as fla ships it (eager, its own fused modules), with the platform's loss
-                model = build_fla_deltanet(size, vocab, device)
-                model.falcon_loss_impl = loss_impl or default_loss
-            else:
-                model, cfg = build(name, size, vocab, (f"model.compile={str(bool(compiled)).lower()}",)
-                                   + ((f"model.loss_impl={loss_impl}",) if loss_impl else ()) + tuple(overrides))
-                labels = {**mixer_labels(name, cfg),
-                          "mixer": _tagged(_label(name, graphs, compiled, static_kv, loss_tag), tag)}
-                if overrides:
-                    labels["overrides"] = list(overrides)
-            model = model.to(device)
+            model, cfg, labels = _build_for_bench(name, size, vocab, device, compiled, loss_impl, default_loss,
+                                                  overrides, label(name))
         except RuntimeError as e:
             if str(e).startswith("not run:"):
+                add = _row_adder({"mixer": label(name), "variant": None, "preset": None}, res["commit"],
+                                 mrows, res["rows"])
                 add(None, None, "not_run", None, None, error=str(e))
                 _log(verbose, f"[bench model] {name}: {e}")
                 continue
             raise
-        n_params = sum(p.numel() for p in model.parameters())
-        labels["params"] = int(n_params)
-        _log(verbose, f"[bench model] {name}: {n_params / 1e6:.1f}M params on {device}")
-        for T in seq_lens:
-            B = max(1, tokens_per_step // T)
-            try:
-                prof = {} if (profile and T == seq_lens[0]) else None
-                r = bench_train(model, device, T, tokens_per_step, steps, warmup, vocab, bf16, peak, prof)
-                if prof:
-                    add(T, B, "train_profile_ms", prof["total_ms"], "ms", **prof)
-                    from falcon_lab.benchmarking.profile import top_kernels_lines
-
-                    _log(verbose, f"  profile T={T}: {prof['total_ms']:.1f} ms of CUDA kernels; the top ones:\n"
-                         + "\n".join(top_kernels_lines(prof)))
-                bk = {"backend": ",".join(model.backends_used())} if hasattr(model, "backends_used") else {}
-                add(T, B, "train_tokens_per_s", r["tokens_per_s"], "tokens/s", step_s=r["step_s"], n_timed=r["n_timed"],
-                    **bk)
-                if "peak_mem_bytes" in r:
-                    add(T, B, "train_peak_mem_bytes", r["peak_mem_bytes"], "bytes")
-                if "mfu" in r:
-                    add(T, B, "train_mfu", r["mfu"], "fraction", flops_per_token_fwd=r["flops_per_token_fwd"],
-                        peak_flops=peak)
-                _log(verbose, f"  train T={T} B={B}: {r['tokens_per_s']:.0f} tok/s"
-                     + (f", MFU {r['mfu']:.3f}" if "mfu" in r else "")
-                     + (f", peak {r['peak_mem_bytes'] / 2**30:.1f} GiB" if "peak_mem_bytes" in r else ""))
-            except Exception as e:  # noqa: BLE001  OOM or any error: recorded, continue
-                add(T, B, "train_tokens_per_s", None, "tokens/s", error=_err(e))
-                _log(verbose, f"  train T={T} B={B}: error {_err(e)}")
-                if verbose and not isinstance(e, torch.OutOfMemoryError):
-                    traceback.print_exc()
-            finally:
-                model.zero_grad(set_to_none=True)
-                _cleanup(device)
-        if not hasattr(model, "step"):
-            for ctx in contexts:
-                for b in batches:
-                    add(ctx, b, "decode_ms_per_token", None, "ms",
-                        error="not run: the model has no init_state/step decode API (ours: platform models only)")
-        else:
-            for ctx in contexts:
-                for b in batches:
-                    try:
-                        r = bench_decode(model, device, ctx, b, decode_steps, warmup, vocab, bf16, prefill_reps,
-                                         cuda_graphs, prefill_chunk, static_kv and name == "transformer")
-                        extra = {"decode_mode": r["decode_mode"]}
-                        if prefill_chunk:
-                            extra["prefill_chunk"] = int(prefill_chunk)
-                        if "cuda_graph_fallback" in r:
-                            extra["cuda_graph_fallback"] = r["cuda_graph_fallback"]
-                        pc = {"prefill_chunk": int(prefill_chunk)} if prefill_chunk else {}
-                        add(ctx, b, "prefill_s", r["prefill_s"], "s", **pc)
-                        add(ctx, b, "prefill_tokens_per_s", r["prefill_tokens_per_s"], "tokens/s", **pc)
-                        add(ctx, b, "decode_ms_per_token", r["decode_ms_per_token"], "ms", **extra)
-                        add(ctx, b, "decode_tokens_per_s", r["decode_tokens_per_s"], "tokens/s", **extra)
-                        add(ctx, b, "state_bytes_per_seq", r["state_bytes_per_seq"], "bytes",
-                            state_numel_per_seq=r.get("state_numel_per_seq"))
-                        _log(verbose, f"  decode ctx={ctx} B={b}: prefill {r['prefill_s'] * 1e3:.1f} ms, "
-                             f"{r['decode_ms_per_token']:.2f} ms/token ({r['decode_mode']}), "
-                             f"state {r['state_bytes_per_seq'] / 2**20:.2f} MiB/seq")
-                    except Exception as e:  # noqa: BLE001
-                        add(ctx, b, "decode_ms_per_token", None, "ms", error=_err(e))
-                        _log(verbose, f"  decode ctx={ctx} B={b}: error {_err(e)}")
-                    finally:
-                        _cleanup(device)
+        add = _row_adder(labels, res["commit"], mrows, res["rows"])
+        _log(verbose, f"[bench model] {name}: {labels['params'] / 1e6:.1f}M params on {device}")
+        _train_rows(model, add, device, seq_lens, tokens_per_step, steps, warmup, vocab, bf16, peak, profile,
+                    verbose)
+        _decode_rows(model, add, device, contexts, batches, decode_steps, warmup, vocab, bf16, prefill_reps,
+                     cuda_graphs, prefill_chunk, static_kv and name == "transformer", verbose)
         del model
         _cleanup(device)
         jpath.write_text(json.dumps(res, indent=1))
@@ -504,6 +408,154 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=None
                 log_mlflow(name, cfg, labels, mrows, res, size, tracking_uri)
             except Exception as e:  # noqa: BLE001
                 _log(verbose, f"  mlflow logging failed: {_err(e)}")
+    _write_results(res, jpath, outdir, slug, verbose)
+    return res
+
+
+def _default_tokens_per_step(device) -> int:
+    """GPU_TOKENS_PER_STEP on CUDA, CPU_TOKENS_PER_STEP elsewhere (logged on CPU)."""
+    tokens_per_step = GPU_TOKENS_PER_STEP if device.type == "cuda" else CPU_TOKENS_PER_STEP
+    if device.type == "cpu":  # 32768 tokens x 50304 logits is 6.6 GB of fp32 logits alone
+        log.info("CPU: %d tokens per step (the GPU default is %d; set --tokens-per-step to change)",
+                 tokens_per_step, GPU_TOKENS_PER_STEP)
+    return tokens_per_step
+
+
+def _result_header(device, size, vocab, tokens_per_step, bf16, peak, cuda_graphs, prefill_chunk, compiled,
+                   loss_impl) -> dict:
+    """The result dict's run-wide fields (GPU, versions, commit, settings) with no rows yet."""
+    try:
+        import triton
+
+        triton_v = triton.__version__
+    except Exception:  # noqa: BLE001
+        triton_v = None
+    return {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "triton": triton_v, "commit": _commit(), "size": size,
+            "vocab": vocab, "tokens_per_step": tokens_per_step, "bf16_autocast": bool(bf16 and device.type == "cuda"),
+            "peak_flops": peak, "cuda_graphs": bool(cuda_graphs), "prefill_chunk": prefill_chunk,
+            "compile": bool(compiled), "loss_impl": loss_impl, "rows": []}
+
+
+def _previous_rows(jpath: Path, res: dict, labelled: set) -> list:
+    """Rows of an earlier result file to keep: all but those of the row labels measured now."""
+    # ours: runs accumulate. Rows of mixers not measured now are kept (each row carries its commit),
+    # so a long run split by --mixers, or an interrupted one re-run for the missing mixers, ends in
+    # one file; a mixer measured again replaces its rows. Other sizes/devices/vocabularies are refused.
+    try:
+        old = json.loads(jpath.read_text())
+    except ValueError as e:
+        raise ValueError(f"--out: {jpath} is not valid JSON ({e}); use --fresh to overwrite it") from None
+    for key in ("size", "vocab", "tokens_per_step", "gpu"):
+        if old.get(key) != res[key]:
+            raise ValueError(f"--out: {jpath} holds {key}={old.get(key)!r}, this run has {res[key]!r}; "
+                             "use another --out or --fresh")
+    return [r for r in old.get("rows", []) if r.get("mixer") not in labelled]
+
+
+def _build_for_bench(name, size, vocab, device, compiled, loss_impl, default_loss, overrides, label):
+    """(model on `device`, cfg or None for fla's model, row labels with "params") for one mixer; loss_impl
+    None: `default_loss`. Raises RuntimeError("not run: ...") where the model cannot run here."""
+    cfg = None
+    labels = {"mixer": label, "variant": None, "preset": None}
+    if name == FLA_DELTANET:
+        # fla's model runs as fla ships it (eager, its own fused modules), with the platform's loss
+        model = build_fla_deltanet(size, vocab, device)
+        model.falcon_loss_impl = loss_impl or default_loss
+    else:
+        model, cfg = build(name, size, vocab, (f"model.compile={str(bool(compiled)).lower()}",)
+                           + ((f"model.loss_impl={loss_impl}",) if loss_impl else ()) + tuple(overrides))
+        labels = {**mixer_labels(name, cfg), "mixer": label}
+        if overrides:
+            labels["overrides"] = list(overrides)
+    model = model.to(device)
+    labels["params"] = int(sum(p.numel() for p in model.parameters()))
+    return model, cfg, labels
+
+
+def _row_adder(labels, commit, *sinks):
+    """add(seq_len, batch, metric, value, unit, **extra): one result row, appended to every list in `sinks`."""
+    def add(seq_len, batch, metric, value, unit, **extra):
+        r = {**labels, "seq_len": seq_len, "batch": batch, "metric": metric, "value": value, "unit": unit,
+             "commit": commit, **extra}
+        for rows in sinks:
+            rows.append(r)
+
+    return add
+
+
+def _train_rows(model, add, device, seq_lens, tokens_per_step, steps, warmup, vocab, bf16, peak, profile, verbose):
+    """Training rows of one model, one sequence length at a time; an error is recorded as a row."""
+    for T in seq_lens:
+        B = max(1, tokens_per_step // T)
+        try:
+            prof = {} if (profile and T == seq_lens[0]) else None
+            r = bench_train(model, device, T, tokens_per_step, steps, warmup, vocab, bf16, peak, prof)
+            if prof:
+                add(T, B, "train_profile_ms", prof["total_ms"], "ms", **prof)
+                from falcon_lab.benchmarking.profile import top_kernels_lines
+
+                _log(verbose, f"  profile T={T}: {prof['total_ms']:.1f} ms of CUDA kernels; the top ones:\n"
+                     + "\n".join(top_kernels_lines(prof)))
+            bk = {"backend": ",".join(model.backends_used())} if hasattr(model, "backends_used") else {}
+            add(T, B, "train_tokens_per_s", r["tokens_per_s"], "tokens/s", step_s=r["step_s"], n_timed=r["n_timed"],
+                **bk)
+            if "peak_mem_bytes" in r:
+                add(T, B, "train_peak_mem_bytes", r["peak_mem_bytes"], "bytes")
+            if "mfu" in r:
+                add(T, B, "train_mfu", r["mfu"], "fraction", flops_per_token_fwd=r["flops_per_token_fwd"],
+                    peak_flops=peak)
+            _log(verbose, f"  train T={T} B={B}: {r['tokens_per_s']:.0f} tok/s"
+                 + (f", MFU {r['mfu']:.3f}" if "mfu" in r else "")
+                 + (f", peak {r['peak_mem_bytes'] / 2**30:.1f} GiB" if "peak_mem_bytes" in r else ""))
+        except Exception as e:  # noqa: BLE001  OOM or any error: recorded, continue
+            add(T, B, "train_tokens_per_s", None, "tokens/s", error=_err(e))
+            _log(verbose, f"  train T={T} B={B}: error {_err(e)}")
+            if verbose and not isinstance(e, torch.OutOfMemoryError):
+                traceback.print_exc()
+        finally:
+            model.zero_grad(set_to_none=True)
+            _cleanup(device)
+
+
+def _decode_rows(model, add, device, contexts, batches, decode_steps, warmup, vocab, bf16, prefill_reps,
+                 cuda_graphs, prefill_chunk, static_kv, verbose):
+    """Prefill/decode rows of one model for every (context, batch); an error is recorded as a row."""
+    if not hasattr(model, "step"):
+        for ctx in contexts:
+            for b in batches:
+                add(ctx, b, "decode_ms_per_token", None, "ms",
+                    error="not run: the model has no init_state/step decode API (ours: platform models only)")
+        return
+    for ctx in contexts:
+        for b in batches:
+            try:
+                r = bench_decode(model, device, ctx, b, decode_steps, warmup, vocab, bf16, prefill_reps,
+                                 cuda_graphs, prefill_chunk, static_kv)
+                extra = {"decode_mode": r["decode_mode"]}
+                if prefill_chunk:
+                    extra["prefill_chunk"] = int(prefill_chunk)
+                if "cuda_graph_fallback" in r:
+                    extra["cuda_graph_fallback"] = r["cuda_graph_fallback"]
+                pc = {"prefill_chunk": int(prefill_chunk)} if prefill_chunk else {}
+                add(ctx, b, "prefill_s", r["prefill_s"], "s", **pc)
+                add(ctx, b, "prefill_tokens_per_s", r["prefill_tokens_per_s"], "tokens/s", **pc)
+                add(ctx, b, "decode_ms_per_token", r["decode_ms_per_token"], "ms", **extra)
+                add(ctx, b, "decode_tokens_per_s", r["decode_tokens_per_s"], "tokens/s", **extra)
+                add(ctx, b, "state_bytes_per_seq", r["state_bytes_per_seq"], "bytes",
+                    state_numel_per_seq=r.get("state_numel_per_seq"))
+                _log(verbose, f"  decode ctx={ctx} B={b}: prefill {r['prefill_s'] * 1e3:.1f} ms, "
+                     f"{r['decode_ms_per_token']:.2f} ms/token ({r['decode_mode']}), "
+                     f"state {r['state_bytes_per_seq'] / 2**20:.2f} MiB/seq")
+            except Exception as e:  # noqa: BLE001
+                add(ctx, b, "decode_ms_per_token", None, "ms", error=_err(e))
+                _log(verbose, f"  decode ctx={ctx} B={b}: error {_err(e)}")
+            finally:
+                _cleanup(device)
+
+
+def _write_results(res, jpath: Path, outdir: Path, slug: str, verbose: bool):
+    """The final model_<slug>.json, model_<slug>.md and plots (their paths go into res["plots"])."""
     jpath.write_text(json.dumps(res, indent=1))
     md = markdown(res)
     (outdir / f"model_{slug}.md").write_text(md)
@@ -512,7 +564,6 @@ def run(mixers, size="small", seq_lens=(2048, 8192, 32768), tokens_per_step=None
     if verbose:
         print(md)
         log.info("wrote %s", jpath)
-    return res
 
 
 def _log(verbose, msg):

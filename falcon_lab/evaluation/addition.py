@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from falcon_lab.data.tasks.addition import AdditionExample, AdditionTask
-from falcon_lab.evaluation.common import as_tokenizer, greedy_generate, score_continuations
+from falcon_lab.evaluation.common import as_tokenizer, greedy_generate, save_accuracy_plot, score_continuations
 
 log = logging.getLogger(__name__)
 
@@ -188,15 +188,8 @@ def plot_addition(result: AdditionResult, path: str, title: str | None = None) -
             ax.plot(ws, [100 * d[w].token_acc for w in ws], ":", color=c, label=f"{split} token acc")
     if result.val and result.ood:
         ax.axvline(max(result.val) + 0.5, color="gray", lw=0.8)
-    ax.set_xlabel("operand width (digits)")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(-2, 102)
-    ax.set_title(title or f"Addition accuracy vs width (format={result.fmt})")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_accuracy_plot(fig, ax, path, "operand width (digits)",
+                              title or f"Addition accuracy vs width (format={result.fmt})")
 
 
 # ---------------------------------------------------------------------------------------------

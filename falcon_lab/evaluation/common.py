@@ -344,5 +344,21 @@ def _decode_full(model, ps, max_new, eos_id, stop, pad_id):
     return [_strip_eos(g, eos_id) for g in gens]
 
 
+def save_accuracy_plot(fig, ax, path: str, xlabel: str, title: str) -> str:
+    """Finish an accuracy-vs-x figure (addition, MQAR): labels, y in % from -2 to 102, legend; saved as a
+    120-dpi image at `path`, closed. Returns `path`."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def safe_exp(x: float) -> float:
     return math.exp(x) if x < 700 else float("inf")

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from falcon_lab.data.tasks.mqar import MQARSpec, make_mqar
-from falcon_lab.evaluation.common import model_device
+from falcon_lab.evaluation.common import model_device, save_accuracy_plot
 
 
 def state_numel(model, batch: int = 1, seq_len: int = 1024) -> int | None:
@@ -100,15 +100,8 @@ def plot_mqar(result: MQARResult, path: str, title: str | None = None) -> str:
     for T in sorted({c["seq_len"] for c in result.cells}):
         cs = sorted((c for c in result.cells if c["seq_len"] == T), key=lambda c: c["num_kv_pairs"])
         ax.plot([c["num_kv_pairs"] for c in cs], [100 * c["acc"] for c in cs], "o-", label=f"T={T}")
-    ax.set_xlabel("key-value pairs")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(-2, 102)
-    ax.set_title(title or f"MQAR (state = {result.state_numel} elements/sequence)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_accuracy_plot(fig, ax, path, "key-value pairs",
+                              title or f"MQAR (state = {result.state_numel} elements/sequence)")
 
 
 def plot_accuracy_vs_state(points: list[dict], path: str, title: str = "MQAR accuracy vs state size") -> str:
