@@ -38,3 +38,13 @@ def test_per_column_tiles_match_recurrence_forward_and_backward(variant, tile, r
     assert rel(outs[1][0], outs[0][0]) < 1e-12 and rel(outs[1][1], outs[0][1]) < 1e-12
     for g_c, g_r in zip(grads[1], grads[0]):
         assert torch.isfinite(g_c).all() and rel(g_c, g_r) < 1e-10
+
+
+@pytest.mark.parametrize("variant", ["2", "2A"])
+@pytest.mark.parametrize("tile,read", [(1, "after"), (3, "before"), (8, "after")])
+def test_unfactored_fallback_matches_recurrence(variant, tile, read, monkeypatch):
+    """The factored form (e^{u⁻_i - u_s} = e^{u⁻_i} e^{-u_s}) gives way to the unfactored decay tensor
+    where a tile decays by more than e^{-_FACTOR_EXP}; a bound of 0 forces that path everywhere (2A's long
+    tiles are retried on short tiles first, then fall back too)."""
+    monkeypatch.setattr(ct, "_FACTOR_EXP", {dt: 0.0 for dt in ct._FACTOR_EXP})
+    test_per_column_tiles_match_recurrence_forward_and_backward(variant, tile, read, monkeypatch)

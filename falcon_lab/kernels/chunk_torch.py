@@ -15,7 +15,7 @@ Per chunk, with u the inclusive log-decay prefix, u⁻ the exclusive one, u^r = 
 (regression / "delta"; the inner-product forms are the same with R = V_p, and use a banded window
 matrix instead of pseudo-tokens). For Falcon-3 the time chunk is chunk_size // W so that the
 block-triangular system stays chunk_size pseudo-tokens wide (falcon-math.md §6.6, trick 4: ours);
-for Falcon-2/2A, whose decay masks are per value column, time is tiled by at most 8 steps (ours).
+for Falcon-2/2A, whose decay masks are per value column, time is tiled by at most 8 (2A: 32) steps (ours).
 The tiling changes cost only: every tile size gives the same result to rounding.
 
 Under torch.compile (ours): the form's Python loops over chunks / tiles would be traced and unrolled
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 
-PER_COLUMN_TILE = 8  # ours: the time tile of Falcon-2/2A (exact for any value; measured fastest on CPU)
+PER_COLUMN_TILE = 8  # ours: the time tile of Falcon-2 (2A: 4x; exact for any value; measured fastest on CPU)
 
 
 def _masked_exp(diff: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -85,8 +85,9 @@ def _core_chunk(q, xw, vw, eta, g, S0, *, delta, window, read_after, chunk_size=
     per_col = eta.dim() == 4
     if per_col and W != 1:
         raise NotImplementedError("per-column gates with a window > 1 are not a Falcon variant")
-    if per_col:  # per-column decay masks cost C*V per token: tile time by at most 8 steps
-        C = min(chunk_size, PER_COLUMN_TILE)
+    if per_col:  # Falcon-2's per-column inverses cost C*V per token: tile time by at most 8 steps;
+        # Falcon-2A (no [C, C, V] tensor in the factored form) by 4x that (_per_column)
+        C = min(chunk_size, PER_COLUMN_TILE if delta else 4 * PER_COLUMN_TILE)
     elif delta and W > 1:  # keep the (C/W)*W pseudo-token system chunk_size wide
         C = max(1, chunk_size // W)
     else:
@@ -193,21 +194,194 @@ def _per_column_recomputed(qc, xs, vs, ec, gc, S, *, delta: bool, read_after: bo
 
 
 def _per_column(qc, xs, vs, ec, gc, S, *, delta: bool, read_after: bool):
-    """Falcon-2 / 2A on tiles of C steps (the caller keeps C small: the per-column decay tensors are
+    """Falcon-2 / 2A on tiles of C steps (the caller keeps C small: the per-column inverses are
     [C, C, V]; the C x C systems cannot share an inverse across columns, falcon-math.md §6.5).
 
-    Everything that does not depend on the carried state is precomputed for all tiles at once, in the
-    [.., C(i), C(s), V] layout (columns last: per-column products are broadcasts, never copies), and
-    (ours) the state pass does only what the recurrence needs per tile:
-    - one decay tensor E[i, s, c] = e^{u⁻_i - u_s} η_s (s < i) serves the read-out and the solve (the
-      clamp only touches s >= i, which the strictly lower [C, C] factors A = QXᵀ and G = XXᵀ zero);
-    - Falcon-2: the per-column inverses (I + L_c)^{-1}, L_c = G ⊙ E[.., c], by row-wise forward
-      substitution vectorised over tiles and columns, so that the loop is R = (I + L)^{-1} (v - e^{u⁻} ⊙
-      X S_in) and the state update, with no triangular solve; Falcon-2A: one fused multiply-add;
-    - the read-outs e^{u⁻} Q S_in and the intra-tile terms for all tiles after the loop, read before
-      the update; read-after is then o_i = γ_i o⁻_i + (q_i·x_i) η_i r_i (§4).
-    Measured alternatives (2 cores, T = 4096): a value-major layout with one batched
-    solve_triangular was slower forward+backward; tiles of 4 or 16 were slower than 8."""
+    Everything that does not depend on the carried state is precomputed for all tiles at once, tile-major
+    ([N, B*H, ...], so that a tile is a contiguous block and the state pass calls bmm on plain
+    matrices), and the state pass does only what the recurrence needs per tile (ours).
+
+    Per-column decays factor (ours, as GLA-style kernels do): e^{u⁻_i - u_s} = e^{u⁻_i} e^{-u_s} per
+    column, u the tile-local prefix (0 before the tile's first step), so a decay-masked product with a
+    matrix that the columns share (A = QXᵀ, G = XXᵀ, strictly lower) is a matmul between row scalings:
+    - read-out: o⁻ = e^{u⁻} ⊙ (Q S_in + A Z), Z = e^{-u} η ⊙ R;
+    - Falcon-2's system (I + L_c) r = b per column, L_c = diag(e^{u⁻}) G diag(e^{-u} η): its scaled
+      inverse Y = diag(e^{-u} η)(I + L_c)^{-1} by rows, Y_i = e^{-u_i} η_i (e_i - e^{u⁻_i} G[i, :i] Y[:i])
+      (one small matmul per row for all tiles and columns); the state pass is then
+      b = v - e^{u⁻} ⊙ X S_in, Z = Y b, S_out = e^{u_C} ⊙ (S_in + Xᵀ Z) (e^{u_C - u_s} η_s =
+      e^{u_C} e^{-u_s} η_s), and R = b - e^{u⁻} ⊙ G Z after it, for all tiles at once.
+    No [C, C, V] tensor other than Y exists, and no gradient of one: Falcon-2's systems and state pass
+    are one autograd Function with a hand-written adjoint (_DeltaCore), Falcon-2A's state pass another
+    (_DecayScan); both write their per-tile results in place. Without a [C, C, V] tensor Falcon-2A runs
+    on tiles of 4 * PER_COLUMN_TILE (fewer sequential steps). e^{-u} is bounded by the decay across one
+    tile: if some tile decays by more than e^{-_FACTOR_EXP} (fp32: e^{-53}), Falcon-2A's long tiles are
+    retried as tiles of PER_COLUMN_TILE, and otherwise the function falls back to
+    _per_column_unfactored (exponents u⁻_i - u_s <= 0 only; the previous form). Read-after is
+    o_i = γ_i o⁻_i + (q_i·x_i) η_i r_i (§4).
+    Measured (2-core CPU, T = 4096, fp32, one thread, 2026-12-02): Falcon-2 tiles of 8 beat 4 and 16;
+    Falcon-2A tiles of 32 beat 8 and 16; batched bmm over per-column [C, C] blocks and einsum were
+    slower than broadcast multiply + sum for Y b; building Y with elementwise sums or in two 4 x 4
+    blocks was slower than the row recursion."""
+    with torch.autocast(qc.device.type, enabled=False):  # the form runs in its compute dtype (fp32)
+        return _per_column_factored(qc, xs, vs, ec, gc, S, delta=delta, read_after=read_after)
+
+
+def _per_column_factored(qc, xs, vs, ec, gc, S, *, delta: bool, read_after: bool):
+    Bsz, H, N, C, K = qc.shape
+    V = vs.shape[-1]
+    u_last_min = gc.sum(3).min() if gc.numel() else gc.new_zeros(())
+    if not bool(u_last_min > -_FACTOR_EXP[gc.dtype]):
+        c = PER_COLUMN_TILE
+        if C > c and C % c == 0:  # Falcon-2A's long tiles: retry on tiles of PER_COLUMN_TILE first
+            o, S = _per_column(*(t.reshape(Bsz, H, N * C // c, c, *t.shape[4:]) for t in (qc, xs, vs, ec, gc)),
+                               S, delta=delta, read_after=read_after)
+            return o.reshape(Bsz, H, N, C, V), S
+        return _per_column_unfactored(qc, xs, vs, ec, gc, S, delta=delta, read_after=read_after)
+    BH = Bsz * H
+
+    def tile_major(t):
+        return t.permute(2, 0, 1, *range(3, t.dim())).reshape(N, BH, *t.shape[3:])
+
+    q_, x_, v_, e_, g_ = (tile_major(t) for t in (qc, xs, vs, ec, gc))
+    S = S.reshape(BH, K, V)
+    u = g_.cumsum(2)  # [N, BH, C, V], non-increasing in the step
+    u_prev = u - g_
+    e_prev = u_prev.exp()  # e^{u⁻} <= 1
+    e_neg = (-u).exp() * e_  # e^{-u_s} η_s <= e^{_FACTOR_EXP} η_s
+    dl = u[:, :, -1:, :].exp()  # e^{u_C}: [N, BH, 1, V]
+    strict = torch.ones(C, C, dtype=torch.bool, device=qc.device).tril(-1)
+    A = (q_ @ x_.transpose(-1, -2)) * strict  # [N, BH, C, C], strictly lower
+    if delta:
+        G = (x_ @ x_.transpose(-1, -2)) * strict
+        b, Z, S_in, S = _DeltaCore.apply(x_, v_, e_prev, e_neg, G, dl, S)
+        R = b - e_prev * (G @ Z)
+    else:
+        R = v_
+        Z = e_neg * v_
+        kv = x_.transpose(-1, -2) @ Z  # [N, BH, K, V]; S_out = e^{u_C} ⊙ (S_in + kv)
+        S_in, S = _DecayScan.apply(kv, dl, S)
+    o = e_prev * torch.baddbmm(q_.flatten(0, 1) @ S_in.flatten(0, 1), A.flatten(0, 1), Z.flatten(0, 1)
+                               ).view(N, BH, C, V)
+    if read_after:
+        o = g_.exp() * o + (q_ * x_).sum(-1, keepdim=True) * e_ * R
+    o = o.view(N, Bsz, H, C, V).permute(1, 2, 0, 3, 4)
+    return o, S.view(Bsz, H, K, V)
+
+
+# largest e^{-u} the factored form lets through: 0.6 of the dtype's exponent range (fp32: 53)
+_FACTOR_EXP = {dt: 0.6 * math.log(torch.finfo(dt).max) for dt in (torch.float16, torch.bfloat16, torch.float32,
+                                                                     torch.float64)}
+
+
+class _DecayScan(torch.autograd.Function):
+    """Falcon-2A's state pass (ours): S_{n+1} = dl_n ⊙ (S_n + kv_n) over tiles, written in place (no
+    per-tile list to stack); backward is the reverse scan (two ops per tile), the rest batched.
+    Returns the state entering each tile [N, BH, K, V] and the final state."""
+
+    @staticmethod
+    def forward(ctx, kv, dl, S):
+        N = kv.shape[0]
+        S_all = kv.new_empty(N + 1, *S.shape)
+        S_all[0] = S
+        for n, (dl_n, kv_n) in enumerate(zip(dl.unbind(0), kv.unbind(0))):
+            torch.mul(S_all[n] + kv_n, dl_n, out=S_all[n + 1])
+        S_in = S_all[:N]
+        ctx.save_for_backward(kv, dl, S_in)
+        return S_in, S_all[N].clone()
+
+    @staticmethod
+    def backward(ctx, gS_in, gS):
+        kv, dl, S_in = ctx.saved_tensors
+        N = kv.shape[0]
+        g = gS if gS is not None else torch.zeros_like(S_in[0])
+        gS_out = torch.empty_like(kv)  # dL/dS_{n+1}
+        gSum = torch.empty_like(kv)  # dL/d(S_n + kv_n)
+        for n in range(N - 1, -1, -1):
+            gS_out[n] = g
+            torch.mul(g, dl[n], out=gSum[n])
+            g = gSum[n] if gS_in is None else gSum[n] + gS_in[n]
+        gdl = (gS_out * (S_in + kv)).sum(-2, keepdim=True)
+        return gSum, gdl, g
+
+
+class _DeltaCore(torch.autograd.Function):
+    """Falcon-2's per-column systems and state pass over tiles, with a hand-written adjoint (ours).
+    Tile-major inputs [N, BH, ...]: x, v, e^{u⁻} (ep), e^{-u} η (en), G = strictly lower XXᵀ, e^{u_C} (dl).
+    Builds Y = diag(en) (I + L)^{-1} per column, L = diag(ep) G diag(en), row by row in place (no autograd
+    graph); then per tile n, per column:
+        P = X S_in,  b = v - ep ⊙ P,  Z = Y b,  S_out = dl ⊙ (S_in + Xᵀ Z)
+    (six ops per tile). Returns b, Z [N, BH, C, V], the state entering each tile [N, BH, K, V] and the
+    final state. Backward: the adjoint recurrence (seven ops per tile); Y enters the loss only through
+    Z = Y b, so its gradient is rank one per tile and column, dL/dL_c = -(Yᵀ gZ)(R)ᵀ with R = (I + L)^{-1} b
+    = b - ep ⊙ G Z, and reaches G, ep, en as matmuls: no [C, C, V] gradient is formed."""
+
+    @staticmethod
+    def forward(ctx, x, v, ep, en, G, dl, S):
+        N, BH, C, V = v.shape
+        Y = v.new_empty(N, BH, C, C, V)
+        for i in range(C):
+            row = Y[:, :, i]  # [N, BH, C(j), V]
+            if i:
+                acc = (G[:, :, i:i + 1, :i] @ Y[:, :, :i].flatten(-2)).view(N, BH, C, V)
+                torch.mul(acc, ep[:, :, i:i + 1, :], out=row)
+                row.neg_()
+            else:
+                row.zero_()
+            row[:, :, i] += 1.0
+            row.mul_(en[:, :, i:i + 1, :])
+        xT = x.transpose(-1, -2).contiguous()
+        K = x.shape[-1]
+        S_all = v.new_empty(N + 1, BH, K, V)  # written in place: no stack copies after the loop
+        S_all[0] = S
+        b, Z = torch.empty_like(v), torch.empty_like(v)
+        for n, (x_n, xT_n, v_n, ep_n, Y_n, dl_n) in enumerate(zip(x.unbind(0), xT.unbind(0), v.unbind(0),
+                                                                   ep.unbind(0), Y.unbind(0), dl.unbind(0))):
+            S = S_all[n]
+            b_n = torch.addcmul(v_n, ep_n, torch.bmm(x_n, S), value=-1.0, out=b[n])
+            Z_n = torch.sum(Y_n * b_n[:, None], dim=-2, out=Z[n])
+            torch.mul(torch.baddbmm(S, xT_n, Z_n), dl_n, out=S_all[n + 1])
+        S_in, S = S_all[:N], S_all[N].clone()
+        ctx.save_for_backward(x, xT, ep, en, G, Y, dl, S_in, b, Z)
+        return b, Z, S_in, S
+
+    @staticmethod
+    def backward(ctx, gb_out, gZ_out, gS_in, gS):
+        x, xT, ep, en, G, Y, dl, S_in, b, Z = ctx.saved_tensors
+        N = x.shape[0]
+        g = gS if gS is not None else torch.zeros_like(S_in[0])
+        none = [None] * N
+        gP_ext = (-ep * gb_out).unbind(0) if gb_out is not None else none
+        gZ_ext = gZ_out.unbind(0) if gZ_out is not None else none
+        gS_ext = gS_in.unbind(0) if gS_in is not None else none
+        gS_outs, gSums, gZs, gPs, sums = [], [], [], [], []
+        for n in range(N - 1, -1, -1):
+            gS_outs.append(g)
+            gSum = g * dl[n]  # dL/d(S_in + Xᵀ Z)
+            gZ_n = torch.bmm(x[n], gSum) if gZ_ext[n] is None else torch.baddbmm(gZ_ext[n], x[n], gSum)
+            s_n = (Y[n] * gZ_n[:, :, None, :]).sum(-3)  # Yᵀ gZ: the loop's share of dL/db
+            gP_n = -ep[n] * s_n if gP_ext[n] is None else torch.addcmul(gP_ext[n], ep[n], s_n, value=-1.0)
+            gSums.append(gSum)
+            gZs.append(gZ_n)
+            gPs.append(gP_n)
+            sums.append(s_n)
+            g = torch.baddbmm(gSum if gS_ext[n] is None else gSum + gS_ext[n], xT[n], gP_n)
+        gS_out, gSum, gZ, gP, s = (torch.stack(t[::-1], dim=0) for t in (gS_outs, gSums, gZs, gPs, sums))
+        gb = s if gb_out is None else gb_out + s
+        GZ = G @ Z
+        R = b - ep * GZ  # (I + L)^{-1} b
+        s_ep = s * ep
+        gep = -(gb * (x @ S_in)) - s * GZ
+        gen = gZ * R - R * (G.transpose(-1, -2) @ s_ep)
+        gG = -(s_ep @ Z.transpose(-1, -2))
+        gdl = (gS_out * (S_in + xT @ Z)).sum(-2, keepdim=True)
+        gx = gP @ S_in.transpose(-1, -2) + Z @ gSum.transpose(-1, -2)
+        return gx, gb, gep, gen, gG, gdl, g
+
+
+def _per_column_unfactored(qc, xs, vs, ec, gc, S, *, delta: bool, read_after: bool):
+    """_per_column's fallback for tiles that decay by more than e^{-_FACTOR_EXP}: the decay tensor
+    E[i, s, c] = e^{u⁻_i - u_s} η_s (s < i; exponents <= 0) instead of the factored e^{u⁻_i} e^{-u_s},
+    per-column inverses by row-wise forward substitution, the state pass under autograd."""
     u, u_prev, _, _, m_strict = _prefixes(gc, read_after)
     C = qc.shape[3]
     E = (u_prev[..., :, None, :] - u[..., None, :, :]).clamp_max(0.0).exp() * ec[..., None, :, :]
