@@ -232,11 +232,19 @@ def time_decode(shape):
     return eager, graph
 
 
+def result_stem(ops, shapes) -> str:
+    """File stem of a run's results: `kernels_h200` only for a full default run (every op, every shape);
+    a partial run (--ops, --quick) writes `kernels_h200_partial.*`, so it never replaces the full file."""
+    full = set(ops) == set(OPS) and list(shapes) == list(SHAPES)
+    return "kernels_h200" if full else "kernels_h200_partial"
+
+
 def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
     import triton
 
     ops = ops or OPS
     shapes = shapes or SHAPES
+    stem = result_stem(ops, shapes)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
@@ -287,11 +295,12 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
             print(f"[{time.time() - t0:6.1f}s] {op:22s} {shape} fwd {row['fwd_ms']} ms fwd+bwd {row['fwdbwd_ms']} ms "
                   f"peak {row['peak_mem_mb']} MB {row.get('note', '')[:100]}", flush=True)
             torch.cuda.empty_cache()
-            (out / "kernels_h200.json").write_text(json.dumps(rows, indent=1))  # after every row
-    (out / "kernels_h200.json").write_text(json.dumps(rows, indent=1))
-    plot(rows, out / "kernels_h200.png")
+            (out / f"{stem}.json").write_text(json.dumps(rows, indent=1))  # after every row
+    (out / f"{stem}.json").write_text(json.dumps(rows, indent=1))
+    plot(rows, out / f"{stem}.png")
     print(summary(rows))
-    (out / "kernels_h200.md").write_text(summary(rows))
+    (out / f"{stem}.md").write_text(summary(rows))
+    print(f"wrote {out / stem}.{{json,md,png}}", flush=True)
     return rows
 
 
