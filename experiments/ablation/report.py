@@ -34,11 +34,16 @@ BASELINES = ("attention", "deltanet", "gated_deltanet", "mamba2", "retnet")
 SLOW = "lam_init_bias=-6,output_gate=false"  # the MQAR start of block 7 (ours; REPORT.md finding 5)
 
 
+def at_slow(arm, d):
+    """The arm label of `arm` in an MQAR table at width d with the slow start."""
+    return f"{arm},d={d},{SLOW}"
+
+
 def mqar_refs(d):
     """Paired contrasts of an MQAR table at width d: every Falcon row at the slow start and every baseline
     against Falcon-1A at the slow start; each preset row against the same variant at the slow start (the
     start's effect); the two one-knob arms against Falcon-1 at the slow start (which knob matters)."""
-    slow = lambda v: f"variant={v},d={d},{SLOW}"  # noqa: E731
+    slow = lambda v: at_slow(f"variant={v}", d)  # noqa: E731
     refs = {slow(v): slow("1A") for v in VARIANTS if v != "1A"}
     refs.update({f"variant={v},d={d}": slow(v) for v in VARIANTS})
     refs.update({f"mixer={m},d={d}": slow("1A") for m in BASELINES})
@@ -53,9 +58,11 @@ MQAR_NOTE = ("Arms ending in `lam_init_bias=-6,output_gate=false` start the cont
 
 def mqar_of(q, d):
     """Question q's MQAR table at width d (blocks 9-10): its arms and contrasts at the slow start."""
-    sfx = f",d={d},{SLOW}"
     ref = q.get("ref")
-    ref = ({a + sfx: r + sfx for a, r in ref.items()} if isinstance(ref, dict) else ref + sfx if ref else None)
+    if isinstance(ref, dict):
+        ref = {at_slow(a, d): at_slow(r, d) for a, r in ref.items()}
+    elif ref:
+        ref = at_slow(ref, d)
     return dict(q, key=f"{q['key']}_mqar_d{d}", title=f"{q['title']}: MQAR, d = {d} (slow start)",
                 experiments=[q["experiments"][0] + "_mqar"], ref=ref, arm_filter=f",d={d},", **MQ, note=MQAR_NOTE,
                 paper=None)
@@ -242,13 +249,18 @@ def _cell_key(c):
     return int(t), int(kv)
 
 
+def _cells(rows):
+    """The MQAR cells any row has, ordered by length, then pairs, with their labels 'N=…, T=…'."""
+    cells = sorted({c for r in rows for c in r["cells"]}, key=_cell_key)
+    return cells, [f"N={_cell_key(c)[1]}, T={_cell_key(c)[0]}" for c in cells]
+
+
 def cell_table(rows):
     """MQAR accuracy per (pairs, length) cell, mean over seeds: which cells a mixer solves."""
-    key = _cell_key
-    cells = sorted({c for r in rows for c in r["cells"]}, key=key)
+    cells, names = _cells(rows)
     if not cells:
         return None
-    head = ["arm"] + [f"N={key(c)[1]}, T={key(c)[0]}" for c in cells]
+    head = ["arm"] + names
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         out.append("| " + " | ".join([r["arm"]] + [fmt(r["cells"].get(c), 3) for c in cells]) + " |")
@@ -305,13 +317,13 @@ def plots(q, rows, folder: Path):
     fig.savefig(folder / "arms.png", dpi=110)
     plt.close(fig)
     names.append("arms.png")
-    cells = sorted({c for r in rows for c in r["cells"]}, key=_cell_key)
+    cells, cell_names = _cells(rows)
     if cells:  # MQAR: accuracy per (pairs, length) cell, one line per arm
         fig, ax = plt.subplots(figsize=(8, 4.5))
         for i, r in enumerate(rows):
             ax.plot(range(len(cells)), [r["cells"].get(c, float("nan")) for c in cells], marker="o", ms=3,
                     label=r["arm"], color=f"C{i % 10}", ls="-" if i < 10 else "--")
-        ax.set_xticks(range(len(cells)), [f"N={_cell_key(c)[1]}\nT={_cell_key(c)[0]}" for c in cells], fontsize=8)
+        ax.set_xticks(range(len(cells)), [n.replace(", ", "\n") for n in cell_names], fontsize=8)
         ax.set_ylabel("MQAR accuracy (mean over seeds)")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
