@@ -115,17 +115,33 @@ def test_nlms_step_never_increases_the_instantaneous_loss(variant):
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8, 16])
-def test_jacobi_top_eigenvalue_matches_eigvalsh(n):
-    """The graph-capturable top eigenvalue (cyclic Jacobi, used for Falcon-3's μ_t while a CUDA graph is
-    being captured) equals eigvalsh's to rounding, also for rank-deficient and all-zero windows."""
-    from falcon_lab.kernels.prep import _jacobi_top_eig
+def test_top_eigenvalue_matches_eigvalsh(n):
+    """Falcon-3's μ_t without cuSOLVER (repeated squaring + Rayleigh quotient) equals float64 eigvalsh to
+    rounding, also for rank-deficient, all-zero, rank-1 windows of identical keys (the MQAR windows on which
+    cuSOLVER failed to converge) and a nearly degenerate top pair; its gradient is eigvalsh's."""
+    from falcon_lab.kernels.prep import _largest_eig
     g = torch.Generator().manual_seed(n)
-    x = torch.randn(300, 9, n, dtype=torch.float64, generator=g)
-    x[:40, :, -1] = 0
-    x[40:50] = 0
-    gram = x.transpose(-1, -2) @ x
+    K = max(9, n + 1)  # key dimension: the window Gram is the n x n matrix of n keys
+    x = torch.randn(300, K, n, dtype=torch.float64, generator=g)
+    x[:40, :, -1] = 0  # rank-deficient
+    x[40:50] = 0  # all-zero windows
+    x[50:60] = x[50:60, :, :1]  # n identical keys: rank 1, an (n-1)-fold zero eigenvalue
+    if n >= 2:  # top pair 1e-6 apart: orthogonal columns of norms 1 and 1 - 5e-7
+        q = torch.linalg.qr(torch.randn(10, K, n, dtype=torch.float64, generator=g))[0]
+        r = torch.linalg.qr(torch.randn(10, n, n, dtype=torch.float64, generator=g))[0]  # not diagonal
+        x[60:70] = q * torch.tensor([1.0, 1 - 5e-7] + [0.3] * (n - 2), dtype=torch.float64) @ r
+    gram = (x.transpose(-1, -2) @ x).requires_grad_(True)
     ref = torch.linalg.eigvalsh(gram)[..., -1]
-    got = _jacobi_top_eig(gram)
-    assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12)
-    got32 = _jacobi_top_eig(gram.float()).double()
-    assert torch.allclose(got32, ref, rtol=1e-5, atol=1e-5)
+    got = _largest_eig(gram)
+    assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12), (got - ref).abs().max()
+    got32 = _largest_eig(gram.detach().float()).double()
+    assert torch.allclose(got32, ref.detach(), rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(got32).all()
+    # gradient: a weighted sum over the matrices with a simple top eigenvalue (eigvalsh's is defined there)
+    ev = torch.linalg.eigvalsh(gram.detach())
+    simple = (ev[..., -1] - ev[..., -2] > 1e-3 * ev[..., -1]) if n > 1 else torch.ones(300, dtype=torch.bool)
+    w = torch.randn(300, dtype=torch.float64, generator=g) * simple
+    (gr,) = torch.autograd.grad((got * w).sum(), gram)
+    (gr_ref,) = torch.autograd.grad((ref * w).sum(), gram)
+    assert simple.sum() > 200
+    assert torch.allclose(gr, gr_ref, rtol=1e-9, atol=1e-9), (gr - gr_ref).abs().max()

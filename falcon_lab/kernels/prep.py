@@ -1,7 +1,7 @@
 """The shared pre-step of every backend: pairs, window statistic, NLMS step, decay (kernel-contract.md).
 
 Plain differentiable PyTorch: the chain rules of the shift, the NLMS division, the clamp and the
-window spectral norm μ_t (through `eigvalsh`) are autograd's. Notation follows falcon-math.md §4:
+window spectral norm μ_t (repeated squaring + Rayleigh quotient, `_largest_eig`) are autograd's. Notation follows falcon-math.md §4:
 position t (1-based) writes the pair (x_t, y_t) = (φ(k_{t-1}), v_t) (shift) or (φ(k_t), v_t).
 """
 
@@ -86,8 +86,9 @@ def prepare(
         if not spec.delta:  # 3A: mean window energy
             stat = (win ** 2).sum((-2, -1)) / count.clamp(min=1)[..., None]  # Ē_t
         else:  # "3": top eigenvalue of the W x W window Gram (zero rows add zero eigenvalues)
-            gram = win.transpose(-1, -2) @ win  # [B, T, H, W, W]
-            stat = _largest_eig(gram) / count.clamp(min=1)[..., None]  # μ_t
+            with torch.autocast(xc.device.type, enabled=False):  # the Gram in cd, not autocast's bf16
+                gram = win.transpose(-1, -2) @ win  # [B, T, H, W, W]
+                stat = _largest_eig(gram) / count.clamp(min=1)[..., None]  # μ_t
 
     # ---- λ_t, η_t, γ_t ----------------------------------------------------------------------
     lam_c = lam.to(cd)
@@ -115,51 +116,38 @@ def prepare(
     return CoreInputs(xw=xw, vw=vw, eta=eta, g=g, stat=stat)
 
 
-def _largest_eig(gram: torch.Tensor, max_batch: int = 32768) -> torch.Tensor:
-    """Largest eigenvalue of each symmetric [.., B, B] matrix, exact (eigvalsh). In fp32 at least (CUDA
-    has no bf16 eigh) and in batches of at most `max_batch` matrices: cuSOLVER's batched syevj failed
-    with CUSOLVER_STATUS_INTERNAL_ERROR on the H200 once a call held ~1e5 matrices (ours).
-    While a CUDA graph is being captured, cuSOLVER cannot run (it checks its status on the host), so
-    the cyclic Jacobi method with a fixed number of sweeps is used instead: the same value to rounding
-    for these tiny windows, with no host synchronisation (ours)."""
+def _largest_eig(gram: torch.Tensor, squarings: Optional[int] = None) -> torch.Tensor:
+    """Largest eigenvalue of each symmetric positive semi-definite [.., n, n] matrix (the window Gram),
+    without cuSOLVER (ours). Repeated squaring of the trace-normalised matrix, P <- (P / tr P)^2, turns it
+    into its top eigenprojector (the other eigenvalues shrink as (λ_i/λ_1)^(2^j)); a column of P is then
+    a top eigenvector v, and the value is its Rayleigh quotient vᵀGv / vᵀv against the original matrix.
+    The quotient's error is second order in v's error: the worst case over λ_2/λ_1 after 20 squarings is
+    ~(λ_1 - λ_2)(λ_2/λ_1)^(2^21) <= λ_1 / (2^21 e) ~ 2e-7 λ_1, i.e. fp32 rounding (40 squarings in fp64:
+    <= 2e-13 λ_1). v is taken without
+    gradient, so the gradient is v vᵀ / vᵀv, eigvalsh's for a simple top eigenvalue (at an eigenvector the
+    quotient is stationary in v). No host synchronisation and no data-dependent control flow, so it is
+    CUDA-graph capturable and compiles; zero matrices give 0. Computed in fp32 at least.
+    Why not eigvalsh: cuSOLVER's batched syevj raised "failed to converge" on the H200 in every MQAR run of
+    Falcon-3 at B = 8 (2026-12-02, block 9; their windows hold Grams of 8 identical keys, rank 1 with a
+    7-fold zero eigenvalue: our reading, seen on CPU, not isolated on the GPU), returned
+    CUSOLVER_STATUS_INTERNAL_ERROR once a call held ~1e5 matrices, and cannot run under graph capture."""
     g = gram if gram.dtype in (torch.float32, torch.float64) else gram.float()
-    if g.is_cuda and torch.cuda.is_current_stream_capturing():
-        return _jacobi_top_eig(g).to(gram.dtype)
-    flat = g.reshape(-1, g.shape[-2], g.shape[-1])
-    if flat.shape[0] <= max_batch:
-        top = torch.linalg.eigvalsh(flat)[..., -1]
-    else:
-        top = torch.cat([torch.linalg.eigvalsh(c)[..., -1] for c in flat.split(max_batch)])
-    return top.reshape(g.shape[:-2]).to(gram.dtype)
-
-
-def _jacobi_top_eig(a: torch.Tensor, sweeps: int = 10) -> torch.Tensor:
-    """Largest eigenvalue of symmetric [.., n, n] matrices by cyclic Jacobi rotations (Golub & Van Loan,
-    Matrix Computations, §8.5): each rotation zeroes one off-diagonal pair; convergence is quadratic, so
-    a fixed number of sweeps (no data-dependent control flow, hence graph-capturable) reaches rounding
-    level for the window sizes used here (n = B <= 16)."""
-    n = a.shape[-1]
-    if n == 1:
-        return a[..., 0, 0]
-    eye = torch.eye(n, dtype=a.dtype, device=a.device)
-    tiny = torch.finfo(a.dtype).tiny
-    # J(p, q) = I + (c - 1)(e_p e_pᵀ + e_q e_qᵀ) + s(e_p e_qᵀ - e_q e_pᵀ): its constant parts, once per pair
-    pairs = []
-    for p in range(n - 1):
-        for q in range(p + 1, n):
-            diag, skew = torch.zeros_like(eye), torch.zeros_like(eye)
-            diag[p, p] = diag[q, q] = 1
-            skew[p, q], skew[q, p] = 1, -1
-            pairs.append((p, q, diag, skew))
-    for _ in range(sweeps):
-        for p, q, diag, skew in pairs:
-            app, aqq, apq = a[..., p, p], a[..., q, q], a[..., p, q]
-            off = apq.abs() > tiny
-            safe = torch.where(off, apq, torch.ones_like(apq))
-            tau = (aqq - app) / (2 * safe)
-            sgn = torch.where(tau >= 0, torch.ones_like(tau), -torch.ones_like(tau))
-            t = torch.where(off, sgn / (tau.abs() + torch.sqrt(1 + tau * tau)), torch.zeros_like(tau))
-            c = torch.rsqrt(1 + t * t)
-            j = eye + (c - 1)[..., None, None] * diag + (t * c)[..., None, None] * skew
-            a = j.transpose(-1, -2) @ a @ j
-    return a.diagonal(dim1=-2, dim2=-1).amax(-1)
+    if g.shape[-1] == 1:
+        return g[..., 0, 0].to(gram.dtype)
+    if squarings is None:
+        squarings = 40 if g.dtype == torch.float64 else 20
+    with torch.autocast(g.device.type, enabled=False), torch.no_grad():
+        p = g.detach()
+        tiny = torch.finfo(p.dtype).tiny
+        for _ in range(squarings):
+            tr = p.diagonal(dim1=-2, dim2=-1).sum(-1).clamp(min=tiny)
+            p = p / tr[..., None, None]
+            p = p @ p
+        col = p.diagonal(dim1=-2, dim2=-1).argmax(-1)  # the column with the largest top-eigenvector weight
+        v = torch.take_along_dim(p, col[..., None, None], dim=-1)  # [.., n, 1]
+    with torch.autocast(g.device.type, enabled=False):
+        num = (v * (g @ v)).sum((-2, -1))
+    den = (v * v).sum((-2, -1))
+    ok = den > 0
+    top = torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num))
+    return top.to(gram.dtype)
