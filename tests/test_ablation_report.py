@@ -70,3 +70,26 @@ def test_mqar_companion_of_a_question_keeps_its_contrasts_at_one_width():
     assert win["experiments"] == ["ablate_window_mqar"] and win["arm_filter"] == ",d=256,"
     assert win["ref"]["variant=3A,window=8" + sfx] == "variant=3A,window=1" + sfx
     assert next(q for q in rep.QUESTIONS if q["key"] == "eta_mqar_d128")["ref"] == "gate=ctx_beta,d=128," + rep.SLOW
+
+
+def test_replicates_group_identical_runs_across_questions():
+    """A replicate set holds runs of different experiments whose parameters (all but names, paths and logging)
+    are identical, seed included; its spread is max - min of their MQAR accuracy, read from the store."""
+    rep = _report()
+    sets = rep.replicates(DB)
+    assert sets, "the committed store has runs repeated across questions (e.g. Falcon-1A.3 in Q1, Q3 and Q5)"
+    con = sqlite3.connect(f"file:{DB}?mode=ro", uri=True)
+    for s in sets:
+        assert len({r["exp"] for r in s["reps"]}) >= 2 and len({r["seed"] for r in s["reps"]}) == 1
+        vals = [r["value"] for r in s["reps"]]
+        assert s["spread"] == pytest.approx(max(vals) - min(vals))
+    # independently: Falcon-1A at the slow start, d = 256, seed 0 ran as Q1's, Q3's and Q5's cell
+    one = [s for s in sets if s["arm"] == "variant=1A,d=256,lam_init_bias=-6,output_gate=false" and s["seed"] == "0"]
+    assert len(one) == 1 and {r["exp"] for r in one[0]["reps"]} >= {"objective", "qk_norm", "alignment"}
+    ids = [i for (i,) in con.execute(
+        "SELECT r.run_uuid FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid WHERE r.status = 'FINISHED' "
+        "AND t.key = 'mlflow.runName' AND t.value IN ('objmqs_d256_v1A_s0', 'qkmqs_rmsnorm_scaled_s0')")]
+    params = [sorted((k, v) for k, v in con.execute("SELECT key, value FROM params WHERE run_uuid = ?", (i,))
+                     if not any(x in k for x in rep._RUN_KEYS)) for i in ids]
+    assert len(params) == 2 and params[0] == params[1]
+    assert rep.replicate_table(sets).count("\n") == len(sets) + 1

@@ -356,6 +356,51 @@ def plots(q, rows, folder: Path):
     return names
 
 
+REPLICATES_TITLE = "MQAR replicates: one configuration under several questions"
+_RUN_KEYS = ("run_dir", "logger", "hydra", "experiment", "run_name", "tracking")  # params that name a run, not a model
+
+
+def replicates(db: Path):
+    """Finished MQAR runs whose parameters (everything but names, paths and logging) and seed are identical
+    although they were run for different questions (e.g. Falcon-1A.3's slow start is Q1's 1A row, Q3's
+    rmsnorm/scaled cell and Q5's shift/after cell): -> rows dict(label, arm, seed, reps=[(experiment, block,
+    value)], spread). Their spread is the run-to-run noise at a fixed seed."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    rows = con.execute("SELECT r.run_uuid, e.name FROM runs r JOIN experiments e ON r.experiment_id = e.experiment_id "
+                       "WHERE e.name LIKE '%\\_mqar' ESCAPE '\\' AND r.status = 'FINISHED' "
+                       "AND r.lifecycle_stage = 'active'").fetchall()
+    groups = {}
+    for rid, exp in rows:
+        params = con.execute("SELECT key, value FROM params WHERE run_uuid = ?", (rid,)).fetchall()
+        key = tuple(sorted((k, v) for k, v in params if not any(s in k for s in _RUN_KEYS)))
+        acc = con.execute("SELECT value FROM latest_metrics WHERE run_uuid = ? AND key = 'mqar/acc_mean'", (rid,)).fetchone()
+        if acc is None:
+            continue
+        tags = dict(con.execute("SELECT key, value FROM tags WHERE run_uuid = ?", (rid,)).fetchall())
+        groups.setdefault(key, []).append(dict(exp=exp.replace("ablate_", "").replace("_mqar", ""), block=tags.get("block", "?"),
+                                               value=acc[0], arm=tags.get("arm", ""), seed=tags.get("seed", "?"),
+                                               label=tags.get("label", tags.get("mixer", ""))))
+    con.close()
+    out = []
+    for reps in groups.values():
+        if len({r["exp"] for r in reps}) < 2:
+            continue
+        reps.sort(key=lambda r: (r["block"], r["exp"]))
+        vals = [r["value"] for r in reps]
+        out.append(dict(label=reps[0]["label"], arm=reps[0]["arm"], seed=reps[0]["seed"], reps=reps,
+                        spread=max(vals) - min(vals)))
+    out.sort(key=lambda r: (r["arm"], r["seed"]))
+    return out
+
+
+def replicate_table(rows) -> str:
+    lines = ["| model | arm (first run) | seed | replicates: question (block) accuracy | max − min |", "|---|---|---|---|---|"]
+    for r in rows:
+        reps = " · ".join(f"{x['exp']} ({x['block']}) {x['value']:.3f}" for x in r["reps"])
+        lines.append(f"| {r['label']} | {r['arm']} | {r['seed']} | {reps} | {r['spread']:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--db", default="ablations/mlflow/mlflow.db")
@@ -386,6 +431,16 @@ def main(argv=None):
             parts.append(f"Paper: {q['paper']}\n")
         parts += [f"![{p}](reports/{q['key']}/{p})" for p in pics] + [""]
         print(f"[report] {q['key']}: {len(rows)} arms, {sum(r['n'] for r in rows)} runs")
+    reps = replicates(Path(a.db))
+    if reps:
+        parts.append(f"## {REPLICATES_TITLE}\n")
+        parts.append("The same model, data and seed, run for different questions. Runs are not bitwise reproducible "
+                     "on the GPU, so these pairs measure run-to-run noise at a fixed seed; where it is as large as an "
+                     "arm-to-arm difference above, that difference is noise.\n")
+        parts.append(replicate_table(reps) + "\n")
+        big = [r for r in reps if r["spread"] > 0.1]
+        parts.append(f"{len(big)} of {len(reps)} replicate sets differ by more than 0.1 in accuracy.\n")
+        print(f"[report] replicates: {len(reps)} sets, {len(big)} differ by > 0.1")
     rep = out / "REPORT.md"
     head = rep.read_text().split(MARKER)[0] if rep.exists() else "# The ablation study\n\n"
     rep.write_text(head + "\n".join(parts))
