@@ -19,7 +19,8 @@
 # machine (same WORK, machine still warm) skips finished runs and resumes the others from last.ckpt
 # (ckpt_path=, same overrides: the same MLflow run continues). At the end ONLY small files (MLflow stores +
 # artifacts, metrics.jsonl, config.yaml, MQAR JSON, logs, status/summary) are packed into
-# $OUT/ablation_$BLOCK.tgz (never checkpoints). Merge here with python -m falcon_lab.training.mlflow_merge.
+# $OUT/ablation_$BLOCK.tgz (never checkpoints; split into .part00, .part01, ... when over RESULTS_MAX_BYTES, 15 MiB,
+# since the device tool returns files of at most 16 MiB). Merge here with python -m falcon_lab.training.mlflow_merge.
 # A run killed by a CUDA out-of-memory error is queued again (OOM_RETRIES, default 1), and on a GPU no run
 # starts while less than GPU_MIN_FREE_MIB (default 16000) is free; POLL_S sets the scheduler's tick (5 s).
 set -u
@@ -111,6 +112,11 @@ pack() {  # small files only: no checkpoints
   (cd "$WORK" && find ml runs logs block.log gpu.csv summary.csv summary.json status.tsv -type f \
       ! -name '*.ckpt' ! -path '*/checkpoints/*' ! -path '*/.hydra/*' 2>/dev/null) > "$WORK/.packlist"
   tar czf "$RESULTS" -C "$WORK" -T "$WORK/.packlist"
+  # the device tool brings back files of at most 16 MiB: a larger archive goes back as RESULTS.part00, .part01, ...
+  # (join them with `cat ablation_bN.tgz.part* | tar xz`); block 9's 23 MB archive was left out whole (2026-12-02)
+  local max=${RESULTS_MAX_BYTES:-15728640}
+  rm -f "$RESULTS".part*
+  if [ "$(stat -c %s "$RESULTS")" -gt "$max" ]; then split -b "$max" -d "$RESULTS" "$RESULTS.part" && rm -f "$RESULTS"; fi
 }
 
 # ---- schedule: PAR at a time, nothing new after DEADLINE_S --------------------------------------------------
@@ -163,4 +169,4 @@ done
   done; } > "$WORK/status.tsv"
 "$PY" "$HERE/summarize.py" "$WORK" "${names[@]}" 2>&1 | tail -n 40 | tee -a "$WORK/block.log"
 pack
-say "done: $(grep -c $'\tdone\t' "$WORK/status.tsv") of ${#names[@]} arms finished; packed $(wc -l < "$WORK/.packlist") files into $RESULTS ($(du -h "$RESULTS" | cut -f1))"
+say "done: $(grep -c $'\tdone\t' "$WORK/status.tsv") of ${#names[@]} arms finished; packed $(wc -l < "$WORK/.packlist") files into $RESULTS ($(du -ch "$RESULTS"* | tail -n 1 | cut -f1)$([ -f "$RESULTS" ] || echo ", in parts"))"
