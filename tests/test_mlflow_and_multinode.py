@@ -44,7 +44,11 @@ def test_a_run_opens_on_the_runs_table_with_relevant_params_and_derived_accumula
         kind, key = re.fullmatch(r"(params|metrics|tags)\.`(.+)`", col).groups()
         have = {"params": p, "metrics": r.data.metrics, "tags": r.data.tags}[kind]
         assert key in have or (kind, key) == ("tags", "arm"), col  # `arm`: multirun jobs only
-    assert view["orderByKey"] == "metrics.`val/loss`" and view["orderByAsc"] is True
+    assert view["orderByKey"] == "metrics.`val/loss_best`" and view["orderByAsc"] is True
+    # the sort key is the running minimum of val/loss, one value per validation (the last val/loss need not be best)
+    vals = [m.value for m in sorted(client.get_metric_history(res["run_id"], "val/loss"), key=lambda m: m.timestamp)]
+    best = [m.value for m in sorted(client.get_metric_history(res["run_id"], "val/loss_best"), key=lambda m: m.timestamp)]
+    assert len(vals) >= 1 and best == [min(vals[:i + 1]) for i in range(len(vals))]
     assert set(VIEW_METRICS) >= {"val/loss", "train/loss"} and "seed" in VIEW_PARAMS
     # relevant params only: none of another source's keys, loader plumbing or kernel switches
     assert 25 < len(p) < 60, sorted(p)
@@ -155,3 +159,13 @@ def test_launch_scripts_share_one_run_dir_requeue_and_use_the_project_environmen
     assert p.returncode == 0, p.stderr
     assert "--nnodes 2 --node_rank 1 --nproc_per_node 4" in p.stdout
     assert "trainer.num_nodes=2 hydra.run.dir=outputs/torchrun/job42 x=1" in p.stdout
+
+
+def test_running_best_ignores_nan_and_keeps_the_minimum():
+    from falcon_lab.training.module import running_best
+
+    best, seen = None, []
+    for v in (float("nan"), 3.0, 2.5, 2.7, float("nan"), 2.4, 9.0):
+        best = running_best(best, v)
+        seen.append(best)
+    assert seen == [None, 3.0, 2.5, 2.5, 2.5, 2.4, 2.4]

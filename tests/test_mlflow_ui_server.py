@@ -3,7 +3,7 @@ training run's experiment carries the kind and the shared default view the platf
 the run has, and the UI bundle the server serves switches to "Model training" by the URL parameter the platform's
 address carries. With a headless Chromium on PATH (Debian: `apt-get install chromium-headless-shell`; CI has none,
 so that test is skipped there), the platform's address is opened for real and must render the runs table with the
-view's columns, sorted by val/loss.
+view's columns, sorted by val/loss_best (the best validation loss of each run).
 
 Found with that browser (MLflow 3.17.2): the experiment's own address, #/experiments/<id>, opens on the GenAI
 overview whatever the experiment's `mlflow.experimentKind` tag says, because the UI's workflow switch (kept per browser,
@@ -79,7 +79,7 @@ def test_the_server_gives_the_ui_the_kind_and_default_view_the_platform_wrote(se
     tags = {t["key"]: t["value"] for t in exp.get("tags", [])}
     assert tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND == "custom_model_development"
     view = json.loads(tags[SHARED_VIEW_PREFIX + VIEW_KEY])
-    assert view["orderByKey"] == "metrics.`val/loss`" and view["orderByAsc"] is True
+    assert view["orderByKey"] == "metrics.`val/loss_best`" and view["orderByAsc"] is True
     assert view["selectedColumns"] == view["columnOrder"] and view["runsHiddenMode"] == "SHOW_ALL"
     (r,) = post_json(f"{url}/api/2.0/mlflow/runs/search", {"experiment_ids": [eid]})["runs"]
     assert r["info"]["run_id"] == res["run_id"] and r["info"]["status"] == "FINISHED"
@@ -125,7 +125,7 @@ def test_headless_chromium_opens_the_platform_address_on_the_runs_table(served):
     url, eid, res = served
     text = _rendered_text(_browser(), view_url(url, eid, workflow=UI_WORKFLOW))
     assert text.strip().startswith("Runs - "), text[:300]  # the page title: the runs table, not "Overview"
-    assert "Model training" in text and "Sort: val/loss" in text and "viewing a shared view" in text
+    assert "Model training" in text and "Sort: val/loss_best" in text and "viewing a shared view" in text
     for col in ("label", "arm", "steps", "params_total", "val/loss", "val/ppl", "train/loss", "seed", "model.name",
                 "data.source", "optim.lr"):
         assert col in text, col

@@ -407,7 +407,7 @@ UI_WORKFLOW = "machine_learning"  # "Model training": the runs table, the traini
 # (a JSON view state), opened by the URL <ui>/#/experiments/<id>/runs?viewStateShareKey=<key>.
 SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
 VIEW_KEY = "falcon-lab-runs"
-VIEW_METRICS = ("val/loss", "val/ppl", "train/loss", "train/tokens_per_s")
+VIEW_METRICS = ("val/loss_best", "val/loss", "val/ppl", "train/loss", "train/tokens_per_s")
 VIEW_TAGS = ("label", "arm", "steps", "params_total")
 VIEW_PARAMS = ("seed", "model.name", "data.source", "data.seq_len", "optim.lr")
 
@@ -416,7 +416,7 @@ def _col(kind: str, key: str) -> str:
     return f"{kind}.`{key}`"  # the UI's column id (makeCanonicalSortKey)
 
 
-def view_state(metrics=VIEW_METRICS, tags=VIEW_TAGS, params=VIEW_PARAMS, order_by: str = "val/loss",
+def view_state(metrics=VIEW_METRICS, tags=VIEW_TAGS, params=VIEW_PARAMS, order_by: str = "val/loss_best",
                ascending: bool = True) -> dict:
     """A runs-table view state (the UI's JSON): these tag, metric and param columns, ordered by one metric."""
     cols = ([_col("tags", t) for t in tags] +
@@ -427,7 +427,7 @@ def view_state(metrics=VIEW_METRICS, tags=VIEW_TAGS, params=VIEW_PARAMS, order_b
 
 def default_view_state() -> dict:
     """The runs-table view the platform shares: run name, label/arm/steps, the metrics and the few params that tell
-    runs apart, ordered by val/loss (best first)."""
+    runs apart, ordered by val/loss_best (the lowest validation loss of each run; best run first)."""
     return view_state()
 
 

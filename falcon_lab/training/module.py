@@ -40,6 +40,11 @@ def shuffled_words(sentence: str, rng: random.Random) -> str:
     return " ".join(words[::-1])
 
 
+
+def running_best(best: float | None, value: float) -> float | None:
+    """The lowest validation loss so far: `value` replaces `best` when lower; a NaN is never the best."""
+    return value if value == value and (best is None or value < best) else best
+
 class LitLM(L.LightningModule):
     def __init__(self, cfg: dict, vocab_size: int, tokenizer_name: str | dict = "byte"):
         # tokenizer_name: the tokenizer's state() ({"name": "byte"}, or a BPE with its merges) so that
@@ -52,10 +57,15 @@ class LitLM(L.LightningModule):
         self.seq_len = int(cfg["data"]["seq_len"])
         self._val_sum = None
         self._val_cnt = None
+        self._val_best = None  # lowest val/loss so far (logged as val/loss_best; kept in checkpoints for resumes)
         self.check_sentences: list[str] | None = None
         self.tokenizer = None
 
+    def on_load_checkpoint(self, checkpoint):
+        self._val_best = checkpoint.get("falcon_lab_val_best")
+
     def on_save_checkpoint(self, checkpoint):
+        checkpoint["falcon_lab_val_best"] = self._val_best
         # remember the MLflow run, so that resuming from this checkpoint continues the same run
         from lightning.pytorch.loggers import MLFlowLogger
 
@@ -100,6 +110,10 @@ class LitLM(L.LightningModule):
         loss = (s / c.clamp(min=1)).float()
         self.log("val/loss", loss, prog_bar=True, sync_dist=False)
         self.log("val/ppl", torch.exp(loss), sync_dist=False)
+        if not self.trainer.sanity_checking:  # the best so far: what the MLflow runs view sorts by
+            self._val_best = running_best(self._val_best, float(loss))
+            if self._val_best is not None:
+                self.log("val/loss_best", self._val_best, sync_dist=False)
         if self.check_sentences and self.tokenizer is not None:
             gap, win = self.shuffle_check()
             self.log("val/shuffle_gap", gap, sync_dist=False)
