@@ -8,3 +8,27 @@ def test_only_a_full_run_owns_the_result_file():
     assert result_stem(list(reversed(OPS)), SHAPES) == "kernels_h200"  # order of --ops does not matter
     assert result_stem(["falcon-1", "falcon-2"], SHAPES) == "kernels_h200_partial"
     assert result_stem(OPS, SHAPES[:1]) == "kernels_h200_partial"  # --quick
+
+
+def test_flop_model_is_falcon_math_section_7_and_bound_is_the_larger_floor():
+    """Per token and head at d = e = 128, C = 64, B = 4, falcon-math.md §7's table: F1A 98k, F2A 107k, F3A 103k,
+    F1 156k, F2 160k (nominal), F3 ≈ 158k (C_3 = 16), FLA's F1 ≈ 190k."""
+    import pytest
+
+    from falcon_lab.benchmarking.kernels import BF16_PEAK, HBM_BPS, bytes_floor, flops_model, limit_fractions, summary
+
+    table = {"falcon-1A": 98, "falcon-2A": 107, "falcon-3A": 103, "falcon-1": 156, "falcon-2": 160, "falcon-3": 158,
+             "fla_chunk_delta_rule": 190, "torch_chunk_falcon-1": 156}
+    for op, k in table.items():
+        assert flops_model(op, 1, 1, 1, 128, 128) / 1e3 == pytest.approx(k, abs=1.0), op
+    assert flops_model("falcon-1", 16, 2048, 12, 64, 64) == 16 * 2048 * 12 * flops_model("falcon-1", 1, 1, 1, 64, 64)
+    # fwd+bwd at 2.82 ms (Falcon-1's op time of 2026-12-01): both floors as fractions of that time
+    f = limit_fractions("falcon-1", 16, 2048, 12, 64, 64, 2.82, fwd=False)
+    assert f["bw"] == pytest.approx(bytes_floor("falcon-1", 16, 2048, 12, 64, 64, False) / HBM_BPS / 2.82e-3, abs=1e-4)
+    assert f["tc"] == pytest.approx(3 * flops_model("falcon-1", 16, 2048, 12, 64, 64) / BF16_PEAK / 2.82e-3, abs=1e-4)
+    assert f["bound"] == ("memory" if f["bw"] >= f["tc"] else "compute") == "memory"
+    assert limit_fractions("sdpa_flash", 1, 32768, 6, 128, 128, 10.0, fwd=False)["bound"] == "compute"
+    row = dict(op="falcon-1", B=16, T=2048, H=12, K=64, fwd_ms=1.0, fwdbwd_ms=2.82, peak_mem_mb=1.0,
+               bw_floor_frac_fwdbwd=f["bw"], tc_peak_frac_fwdbwd=f["tc"], bound_fwdbwd=f["bound"])
+    line = summary([row]).splitlines()[2]
+    assert f"| {f['tc']} | memory |" in line

@@ -4,9 +4,11 @@ attention (causal) and the torch chunk form, in ONE run, at the issue's bf16 sha
 Every op is first checked against a float64 reference at a small shape (B=1, T=256, H=2, same K/V);
 an op that fails (or does not exist) gets no speed numbers, only a note. Timing: forward and
 forward+backward medians of triton.testing.do_bench after warm-up; peak memory of one forward+backward
-(torch.cuda.max_memory_allocated, inputs included). Also reports the bandwidth-floor fraction:
-the bytes that must move (inputs read once, outputs written once; forward+backward also reads dO and
-the inputs again and writes their gradients) over 4.8 TB/s, divided by the measured time.
+(torch.cuda.max_memory_allocated, inputs included). Also reports the distance to the physical limit:
+the bandwidth floor (the bytes that must move — inputs read once, outputs written once; forward+backward also
+reads dO and the inputs again and writes their gradients — over 4.8 TB/s) and the tensor-core floor (the
+op's model FLOPs, falcon-math.md §7, forward+backward = 3 × forward, over the dense bf16 peak), each as a
+fraction of the measured time; the larger one names what bounds the op (`bound`: "memory" or "compute").
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ SHAPES = [(16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 
 FALCON = ["falcon-1", "falcon-2", "falcon-3", "falcon-1A", "falcon-2A", "falcon-3A"]
 OPS = FALCON + ["fla_chunk_delta_rule", "sdpa_flash", "torch_chunk_falcon-1"]
 HBM_BPS = 4.8e12  # H200 datasheet
+BF16_PEAK = 989.4e12  # H200 SXM datasheet: 1,979 TFLOPS bf16 with 2:4 sparsity, i.e. 989.4 dense
 WINDOW = 4
+CHUNK = 64  # the ops' default chunk size
 
 
 from falcon_lab.kernels.spec import FalconSpec  # noqa: E402
@@ -137,6 +141,38 @@ def bytes_floor(op, B, T, H, K, V, fwd: bool):
         return fwd_b
     bwd_b = el * (n * (2 * K + V) + gates + n * V + n * (2 * K + V) + gates)  # read again + dO; write grads
     return fwd_b + bwd_b
+
+
+def flops_model(op, B, T, H, K, V, C=CHUNK, W=WINDOW) -> float:
+    """Forward model FLOPs of an op at (B, T, H, K, V): falcon-math.md §7's leading terms per token and head
+    (2 per multiply-add, full matmuls), times B·T·H. Falcon-3 at its chunk of C/W steps (the §7 remark, how
+    our form tiles it); fla's chunk_delta_rule is §7's "F1 (FLA, precomputed inverse)" row; causal SDPA
+    2·(T/2)·(K+V) per token (the average prefix). The gates' and prep's elementwise work is left out."""
+    d, e = K, V
+    n = B * T * H
+    name = op.replace("torch_chunk_", "")
+    per_tok = {
+        "falcon-1A": 2 * C * (d + e) + 4 * d * e,
+        "falcon-2A": 2 * C * (d + e) + 4 * d * e + C * e,
+        "falcon-3A": 2 * (C + W) * (d + e) + 4 * d * e * (1 + W / (2 * C)) + C * W,
+        "falcon-1": 4 * C * d + 3 * C * e + 6 * d * e,
+        "falcon-2": 4 * C * d + 3.5 * C * e + 6 * d * e,
+        "falcon-3": 4 * (C // W + W) * d + (W * W * (C // W) + 2 * W * (C // W)) * e + 6 * d * e,
+        "fla_chunk_delta_rule": 4 * C * d + 3 * C * e + 6 * d * e + C * C / 3 + 2 * C * (d + e),
+        "sdpa_flash": T * (d + e),
+    }.get(name)
+    if per_tok is None:
+        raise KeyError(f"no FLOP model for op {op!r}")
+    return float(per_tok) * n
+
+
+def limit_fractions(op, B, T, H, K, V, ms: float, fwd: bool) -> dict:
+    """The measured time's distance to the H200's physical limits: bandwidth floor / time, tensor-core floor
+    / time, and which of the two is larger (what bounds the op at this shape)."""
+    t = ms / 1e3
+    bw = bytes_floor(op, B, T, H, K, V, fwd) / HBM_BPS / t
+    tc = flops_model(op, B, T, H, K, V) * (1 if fwd else 3) / BF16_PEAK / t
+    return dict(bw=round(bw, 4), tc=round(tc, 4), bound="memory" if bw >= tc else "compute")
 
 
 def time_op(op, shape, profile_dir=None):
@@ -280,8 +316,10 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
                                                    or (shape == shapes[1] and op == "falcon-1"))) else None
                 fwd, fwdbwd, peak = time_op(op, shape, profile_dir=prof)
                 row.update(fwd_ms=round(fwd, 4), fwdbwd_ms=round(fwdbwd, 4), peak_mem_mb=round(peak, 1))
-                row["bw_floor_frac_fwd"] = round(bytes_floor(op, B, T, H, K, K, True) / HBM_BPS * 1e3 / fwd, 4)
-                row["bw_floor_frac_fwdbwd"] = round(bytes_floor(op, B, T, H, K, K, False) / HBM_BPS * 1e3 / fwdbwd, 4)
+                lf, lfb = limit_fractions(op, B, T, H, K, K, fwd, True), limit_fractions(op, B, T, H, K, K, fwdbwd, False)
+                row.update(bw_floor_frac_fwd=lf["bw"], bw_floor_frac_fwdbwd=lfb["bw"], tc_peak_frac_fwd=lf["tc"],
+                           tc_peak_frac_fwdbwd=lfb["tc"], bound_fwdbwd=lfb["bound"],
+                           model_gflop_fwd=round(flops_model(op, B, T, H, K, K) / 1e9, 3))
                 if op in ("falcon-1", "falcon-1A", "falcon-3A"):
                     cf, cfb = time_core(op, shape)
                     row.update(core_fwd_ms=round(cf, 4), core_fwdbwd_ms=round(cfb, 4))
@@ -305,15 +343,17 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
 
 
 def summary(rows):
-    lines = ["| op | B×T×H×K | fwd ms | fwd+bwd ms | core fwd ms | core fwd+bwd ms | peak MB | floor frac fwd+bwd (op / core) | note |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| op | B×T×H×K | fwd ms | fwd+bwd ms | core fwd ms | core fwd+bwd ms | peak MB | "
+             "bandwidth floor frac fwd+bwd (op / core) | tensor-core peak frac fwd+bwd | bound | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['op']} | {r['B']}×{r['T']}×{r['H']}×{r['K']} | {r['fwd_ms']} | {r['fwdbwd_ms']} | "
                      f"{r.get('core_fwd_ms', '')} | {r.get('core_fwdbwd_ms', '')} | {r['peak_mem_mb']} | "
-                     f"{r.get('bw_floor_frac_fwdbwd')} / {r.get('core_bw_floor_frac_fwdbwd', '')} | {r.get('note', '')[:80]} |")
+                     f"{r.get('bw_floor_frac_fwdbwd')} / {r.get('core_bw_floor_frac_fwdbwd', '')} | "
+                     f"{r.get('tc_peak_frac_fwdbwd', '')} | {r.get('bound_fwdbwd', '')} | {r.get('note', '')[:80]} |")
         if r.get("decode_step_graph_ms") is not None:
             lines.append(f"| falcon-1 decode step (T=1, state) | {r['B']}×1×{r['H']}×{r['K']} | eager {r['decode_step_eager_ms']} | "
-                         f"CUDA graph {r['decode_step_graph_ms']} | | | | | |")
+                         f"CUDA graph {r['decode_step_graph_ms']} | | | | | | | |")
     return "\n".join(lines) + "\n"
 
 
