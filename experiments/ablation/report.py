@@ -64,36 +64,44 @@ def mqar_of(q, d):
     elif ref:
         ref = at_slow(ref, d)
     return dict(q, key=f"{q['key']}_mqar_d{d}", title=f"{q['title']}: MQAR, d = {d} (slow start)",
+                sub=f"MQAR, d = {d} (slow start)",
                 experiments=[q["experiments"][0] + "_mqar"], ref=ref, arm_filter=f",d={d},", **MQ, note=MQAR_NOTE,
                 paper=None)
 
 
 QUESTIONS = [
     dict(key="objective", title="Q1 + Q6. The six variants and the baselines (language modelling)",
+         group="Q1 + Q6. The six variants and the baselines", sub="Language modelling",
          experiments=["ablate_objective"], ref="variant=1A", **LM,
          paper="The paper trains Falcon-1A.1/.2/.3, Falcon-3A.3 and (arXiv only) Falcon-1.3 at 124M on FineWeb-Edu; "
                "its FineEdu perplexities span 17.10 (Falcon-1.3) to 17.70, the baselines 17.32 (Gated DeltaNet) to "
                "18.79 (RetNet). Falcon-2, Falcon-2A and Falcon-3 are never reported."),
     dict(key="objective_mqar", title="Q1 + Q6. The variants and the baselines (MQAR, d = 256)",
+         group="Q1 + Q6. The six variants and the baselines", sub="MQAR, d = 256",
          experiments=["ablate_objective_mqar"], ref=mqar_refs(256), arm_filter="d=256", **MQ,
          note=MQAR_NOTE, paper="The paper reports no associative-recall results."),
     dict(key="objective_mqar_d128", title="Q1 + Q6. The variants and the baselines (MQAR, d = 128)",
+         group="Q1 + Q6. The six variants and the baselines", sub="MQAR, d = 128",
          experiments=["ablate_objective_mqar"], ref=mqar_refs(128), arm_filter="d=128", **MQ,
          note=MQAR_NOTE, paper="The paper reports no associative-recall results."),
     dict(key="mqar_protocol_probe", title="MQAR: the unchanged .3 preset at three times the budget (Falcon-1, d = 256)",
+         group="Q1 + Q6. The six variants and the baselines", sub="MQAR: the unchanged .3 preset at three times the budget (Falcon-1, d = 256)",
          experiments=["mqar_protocol_probe"], ref=None, **MQ, paper=None,
          note="3000 steps (49M tokens) instead of the study's 1000, everything else as the rows above: is the "
               "preset's failure only a matter of budget?"),
     dict(key="eta", title="Q2. Context-conditioned η vs β (Falcon-1A, shared lr 2e-3)",
+         group="Q2. Context-conditioned η vs β (Falcon-1A)", sub="Language modelling (shared lr 2e-3)",
          experiments=["ablate_eta"], ref="gate=ctx_beta", **LM,
          paper="\"ctxη beats ctxβ\" rests on Falcon-1A.1 vs .2: 0-shot 48.86 → 49.30, FineEdu perplexity equal "
                "(17.70 both), LAMBADA worse (47.93 → 51.01); one run each."),
     dict(key="eta_lr", title="Q2. η vs β: the learning-rate probe (seed 0)",
+         group="Q2. Context-conditioned η vs β (Falcon-1A)", sub="The learning-rate probe (seed 0)",
          experiments=["ablate_eta_lr"], ref=None, **LM, paper=None,
          note="The probe's 2e-3 point is Q2's shared-lr runs of seed 0 (the table above): ctx_beta 0.9062, "
               "ctx_eta 0.9076, the best of the four rates for both gates; so each gate's own tuned lr is the "
               "shared one and Q2's tuned-lr arms are its shared-lr runs (PLAN.md)."),
     dict(key="qk_norm", title="Q3. QK-RMSNorm vs ℓ2 (Falcon-1A, × λ parameterisation)",
+         group="Q3. QK-RMSNorm vs ℓ2 (Falcon-1A, × λ parameterisation)", sub="Language modelling",
          experiments=["ablate_qk_norm"], **LM,
          ref={"qk_norm=rmsnorm,lam_mode=scaled": "qk_norm=l2,lam_mode=scaled",
               "qk_norm=rmsnorm,lam_mode=absolute": "qk_norm=l2,lam_mode=absolute",
@@ -102,9 +110,11 @@ QUESTIONS = [
                "49.30 → 48.95; one run each. falcon-math.md §3.4: under the scaled λ the two are the same model up "
                "to ε, so the `scaled` pair is a control and the `absolute` pair the real difference."),
     dict(key="window", title="Q4. Window B ∈ {1, 2, 4, 8} for Falcon-3 and -3A",
+         group="Q4. Window B ∈ {1, 2, 4, 8} for Falcon-3 and -3A", sub="Language modelling",
          experiments=["ablate_window"], **LM,
          ref={f"variant={v},window={b}": f"variant={v},window=1" for v in ("3", "3A") for b in (2, 4, 8)}, paper="The paper reports only B = 4 (Falcon-3A.3)."),
     dict(key="alignment", title="Q5. The alignment 2×2 (shift × read, Falcon-1A.3)",
+         group="Q5. The alignment 2×2 (shift × read, Falcon-1A.3)", sub="Language modelling",
          experiments=["ablate_alignment"], ref="shift=true,read=after", **LM,
          paper="Fig. 11 defines the 2×2; no results for Runs 1–3 are reported."),
 ]
@@ -408,10 +418,14 @@ def main(argv=None):
     a = ap.parse_args(argv)
     out = Path(a.out)
     parts = [MARKER, ""]
-    for q in QUESTIONS:
+    group = None
+    for q in QUESTIONS:  # one `## ` section per question, its measurements as `### ` subsections
         runs = load_runs(Path(a.db), q["experiments"], q["metric"], q["agg"])
         rows = analyse(q, runs)
-        parts.append(f"## {q['title']}\n")
+        if q["group"] != group:
+            group = q["group"]
+            parts.append(f"## {group}\n")
+        parts.append(f"### {q['sub']}\n")
         if not rows:
             parts.append("Not run yet (no finished runs in " + ", ".join(q["experiments"]) + "; the plan: experiments/h200/NEXT.md).\n")
             continue
