@@ -38,6 +38,9 @@ def test_report_from_the_committed_store(tmp_path):
     text = (tmp_path / "REPORT.md").read_text()
     assert text.startswith("# kept by hand") and "old generated text" not in text
     assert "(reference)" in text and "Verdict (computed from the table)" in text
+    heads = [line for line in text.splitlines() if line.startswith("## Q")]
+    assert [h.split(".")[0] for h in heads] == ["## Q1 + Q6", "## Q2", "## Q3", "## Q4", "## Q5"]  # one per question
+    assert text.count("\n### Language modelling") == 5
     assert (tmp_path / "reports" / "objective" / "arms.png").stat().st_size > 1000
     # independent read of one arm: Falcon-1A.3's best val/loss per seed, straight from SQLite
     con = sqlite3.connect(f"file:{DB}?mode=ro", uri=True)
