@@ -387,7 +387,10 @@ def replicates(db: Path):
         if acc is None:
             continue
         tags = dict(con.execute("SELECT key, value FROM tags WHERE run_uuid = ?", (rid,)).fetchall())
+        curve = con.execute("SELECT step, value FROM metrics WHERE run_uuid = ? AND key = 'train/loss' ORDER BY step, "
+                            "timestamp", (rid,)).fetchall()
         groups.setdefault(key, []).append(dict(exp=exp.replace("ablate_", "").replace("_mqar", ""), block=tags.get("block", "?"),
+                                               curve=curve,
                                                value=acc[0], arm=tags.get("arm", ""), seed=tags.get("seed", "?"),
                                                label=tags.get("label", tags.get("mixer", ""))))
     con.close()
@@ -401,6 +404,39 @@ def replicates(db: Path):
                         spread=max(vals) - min(vals)))
     out.sort(key=lambda r: (r["arm"], r["seed"]))
     return out
+
+
+def replicate_plot(rows, path: Path, min_spread: float = 0.1):
+    """Training-loss curves of the replicate sets that disagree by more than `min_spread`: one panel per set,
+    one line per run (question, block). Returns the file name, or None when no set disagrees."""
+    sets = [r for r in rows if r["spread"] > min_spread]
+    if not sets:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, len(sets))
+    nrow = -(-len(sets) // cols)
+    fig, axes = plt.subplots(nrow, cols, figsize=(4.6 * cols, 3.2 * nrow), squeeze=False)
+    for ax, r in zip(axes.flat, sets):
+        for x in r["reps"]:
+            steps, vals = zip(*x["curve"]) if x["curve"] else ((), ())
+            ax.plot(steps, vals, label=f"{x['exp']} ({x['block']}): acc {x['value']:.2f}")
+        ax.set_title(f"{r['label']} {r['arm'].split(',')[1]} seed {r['seed']}", fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel("train loss")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(sets):]:
+        ax.axis("off")
+    fig.suptitle("MQAR replicates that disagree: same parameters and seed, run for different questions", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
 
 
 def replicate_table(rows) -> str:
@@ -454,6 +490,10 @@ def main(argv=None):
         parts.append(replicate_table(reps) + "\n")
         big = [r for r in reps if r["spread"] > 0.1]
         parts.append(f"{len(big)} of {len(reps)} replicate sets differ by more than 0.1 in accuracy.\n")
+        pic = replicate_plot(reps, out / "reports" / "replicates" / "curves.png")
+        if pic:
+            parts.append("Their training-loss curves (one panel per set that differs by more than 0.1):\n\n"
+                         f"![{pic}](reports/replicates/{pic})\n")
         print(f"[report] replicates: {len(reps)} sets, {len(big)} differ by > 0.1")
     rep = out / "REPORT.md"
     head = rep.read_text().split(MARKER)[0] if rep.exists() else "# The ablation study\n\n"
