@@ -42,6 +42,7 @@ def test_report_from_the_committed_store(tmp_path):
     assert [h.split(".")[0] for h in heads] == ["## Q1 + Q6", "## Q2", "## Q3", "## Q4", "## Q5"]  # one per question
     assert text.count("\n### Language modelling") == 5
     assert (tmp_path / "reports" / "objective" / "arms.png").stat().st_size > 1000
+    assert (tmp_path / "reports" / "replicates" / "curves.png").stat().st_size > 1000  # sets that disagree
     # independent read of one arm: Falcon-1A.3's best val/loss per seed, straight from SQLite
     con = sqlite3.connect(f"file:{DB}?mode=ro", uri=True)
     ids = [r for (r,) in con.execute(
