@@ -32,3 +32,12 @@ def test_flop_model_is_falcon_math_section_7_and_bound_is_the_larger_floor():
                bw_floor_frac_fwdbwd=f["bw"], tc_peak_frac_fwdbwd=f["tc"], bound_fwdbwd=f["bound"])
     line = summary([row]).splitlines()[2]
     assert f"| {f['tc']} | memory |" in line
+
+
+def test_op_labels_name_their_variant():
+    from falcon_lab.benchmarking.kernels import OPS, flops_model, op_variant
+
+    assert [op_variant(o) for o in ("falcon-1", "falcon-3A", "falcon-3A-banded", "torch_chunk_falcon-1")] == \
+        ["1", "3A", "3A", "1"]
+    assert "falcon-3A-banded" in OPS  # timed beside the W-scan default in the same run
+    assert flops_model("falcon-3A-banded", 2, 64, 3, 64, 64) == flops_model("falcon-3A", 2, 64, 3, 64, 64)

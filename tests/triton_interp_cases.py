@@ -46,7 +46,8 @@ def run_case(c):
     gi = g.detach().float().requires_grad_(True)
     si = S0.detach().float().requires_grad_(True) if S0 is not None else None
     kins = [qi, xi, vi, ei, gi] + ([si] if si is not None else [])
-    o, s = core(qi, xi, vi, ei, gi, si, delta=delta, window=W, read_after=after, chunk_size=C)
+    o, s = core(qi, xi, vi, ei, gi, si, delta=delta, window=W, read_after=after, chunk_size=C,
+                fused_window=c.get("fused"))
     grads = torch.autograd.grad((o.double() * do).sum() + (s.double() * ds).sum(), kins)
 
     def rel(a, b):
@@ -160,7 +161,20 @@ if __name__ == "__main__":
             elif c.get("api"):
                 from falcon_lab.benchmarking.gpu_check import check_api
 
+                banded = os.environ.get("FALCON_TRITON_3A") == "banded"
+                if banded:  # count the one-scan Falcon-3A kernel's forward calls
+                    import falcon_lab.kernels.triton.ops as ops
+
+                    n_wl = [0]
+                    fwd, bwd, shapes = ops._FAMILIES["window_linear"]
+
+                    def counted(*a, _f=fwd):
+                        n_wl[0] += 1
+                        return _f(*a)
+                    ops._FAMILIES["window_linear"] = (counted, bwd, shapes)
                 res = check_api(variant=c["variant"], dtype=c["dtype"], K=16, dev="cpu", seed=c["seed"])
+                if banded:
+                    res["window_linear_calls"] = n_wl[0]
             else:
                 res = decode_case(c) if c.get("decode") else run_case(c)
             print(json.dumps({"id": c["id"], "res": res}), flush=True)

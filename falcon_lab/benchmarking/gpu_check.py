@@ -184,6 +184,7 @@ def main(argv=None):
     ap.add_argument("--variants", default="1,1A,3A,2,2A,3", help="comma-separated subset, e.g. 3,2A")
     args = ap.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
+    import falcon_lab.kernels.triton as kt
     from falcon_lab.kernels.triton import supports
 
     import triton
@@ -196,6 +197,7 @@ def main(argv=None):
     def write():
         meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                     commit=os.environ.get("FALCON_COMMIT", "unknown"), poisoned_outputs=True,
+                    falcon_3a=kt._FALCON_3A,  # which Falcon-3A path the core rows ran (FALCON_TRITON_3A)
                     context_poisoned_by=poisoned[0] if poisoned else None,
                     tolerances={k: {"forward": a, "gradients": b} for k, (a, b) in TOL.items()},
                     seconds=round(time.time() - t0, 1))

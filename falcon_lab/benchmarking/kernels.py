@@ -25,7 +25,8 @@ import torch
 # the two target shapes of the issue first, so a run cut short still has them
 SHAPES = [(16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128)]
 FALCON = ["falcon-1", "falcon-2", "falcon-3", "falcon-1A", "falcon-2A", "falcon-3A"]
-OPS = FALCON + ["fla_chunk_delta_rule", "sdpa_flash", "torch_chunk_falcon-1"]
+# falcon-3A-banded: Falcon-3A's one-scan kernel (window_linear.py, opt-in until proven), beside the W-scan default
+OPS = FALCON + ["falcon-3A-banded", "fla_chunk_delta_rule", "sdpa_flash", "torch_chunk_falcon-1"]
 HBM_BPS = 4.8e12  # H200 datasheet
 BF16_PEAK = 989.4e12  # H200 SXM datasheet: 1,979 TFLOPS bf16 with 2:4 sparsity, i.e. 989.4 dense
 WINDOW = 4
@@ -44,6 +45,11 @@ def _commit():
         return "unknown"
 
 
+def op_variant(op: str) -> str:
+    """The Falcon variant of an op label: falcon-3A -> 3A, falcon-3A-banded -> 3A, torch_chunk_falcon-1 -> 1."""
+    return op.split("-")[1]
+
+
 def make_inputs(op, B, T, H, K, V, dtype=torch.bfloat16, dev="cuda", seed=0):
     g = torch.Generator(device=dev).manual_seed(seed)
     nrm = lambda t: t / t.float().norm(dim=-1, keepdim=True).to(t.dtype)  # noqa: E731
@@ -51,7 +57,7 @@ def make_inputs(op, B, T, H, K, V, dtype=torch.bfloat16, dev="cuda", seed=0):
     k = nrm(torch.randn(B, T, H, K, device=dev, dtype=dtype, generator=g))
     v = torch.randn(B, T, H, V, device=dev, dtype=dtype, generator=g)
     if op.startswith("falcon") or op.startswith("torch_chunk"):
-        variant = op.split("-")[-1]
+        variant = op_variant(op)
         per_col = FalconSpec.from_variant(variant).per_column
         beta = (torch.rand(B, T, H, V, device=dev, generator=g) if per_col
                 else torch.rand(B, T, H, device=dev, generator=g)) * 1.8
@@ -67,12 +73,23 @@ def make_fn(op):
     if op.startswith("falcon") or op.startswith("torch_chunk"):
         from falcon_lab.kernels import chunk_falcon
 
-        variant = op.split("-")[-1]
+        variant = op_variant(op)
         backend = "torch" if op.startswith("torch_chunk") else "triton"
 
         def fn(q, k, v, beta, lam):
             return chunk_falcon(q, k, v, beta, lam, variant=variant, window=WINDOW, lam_mode="scaled",
                                 backend=backend)[0]
+        if op.endswith("-banded"):
+            import falcon_lab.kernels.triton as kt
+
+            plain = fn
+
+            def fn(*ins):  # the kernel family is chosen in the forward; autograd keeps it for the backward
+                prev, kt._FALCON_3A = kt._FALCON_3A, "banded"
+                try:
+                    return plain(*ins)
+                finally:
+                    kt._FALCON_3A = prev
         return fn
     if op == "fla_chunk_delta_rule":
         from fla.ops.delta_rule import chunk_delta_rule
@@ -98,7 +115,7 @@ def reference(op, ins):
     if op.startswith("falcon") or op.startswith("torch_chunk"):
         from falcon_lab.kernels import recurrent_falcon
 
-        return recurrent_falcon(*x, variant=op.split("-")[-1], window=WINDOW, lam_mode="scaled")[0]
+        return recurrent_falcon(*x, variant=op_variant(op), window=WINDOW, lam_mode="scaled")[0]
     if op == "fla_chunk_delta_rule":
         from falcon_lab.benchmarking.ref64 import ref_core
 
@@ -150,7 +167,7 @@ def flops_model(op, B, T, H, K, V, C=CHUNK, W=WINDOW) -> float:
     2·(T/2)·(K+V) per token (the average prefix). The gates' and prep's elementwise work is left out."""
     d, e = K, V
     n = B * T * H
-    name = op.replace("torch_chunk_", "")
+    name = op.replace("torch_chunk_", "").replace("-banded", "")
     per_tok = {
         "falcon-1A": 2 * C * (d + e) + 4 * d * e,
         "falcon-2A": 2 * C * (d + e) + 4 * d * e + C * e,
@@ -221,7 +238,7 @@ def time_core(op, shape):
     from falcon_lab.kernels.triton import core
 
     B, T, H, K = shape
-    variant = op.split("-")[-1]
+    variant = op_variant(op)
     delta = VARIANTS[variant].delta
     W = effective_window(variant, WINDOW)
     q, k, v, beta, lam = make_inputs(op, B, T, H, K, K)
@@ -296,7 +313,7 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
         B, T, H, K = shape
         if True:
             key = (op, K)
-            row = dict(op=op, B=B, T=T, H=H, K=K, V=K, window=WINDOW if op in ("falcon-3", "falcon-3A") else 1,
+            row = dict(op=op, B=B, T=T, H=H, K=K, V=K, window=WINDOW if op_variant(op) in ("3", "3A") and op.startswith("falcon") else 1,
                        dtype="bfloat16", fwd_ms=None, fwdbwd_ms=None, peak_mem_mb=None, **meta)
             if key not in checked:
                 try:

@@ -5,8 +5,10 @@
 What runs where (docs/kernels-triton.md):
   * scalar gates, window 1, delta or linear (Falcon-1, Falcon-1A): chunk kernels, Triton forward and
     Triton backward (chunk.py);
-  * scalar gates, window W > 1, linear (Falcon-3A): the sum of W shifted Falcon-1A scans, each one
-    the same Triton kernels (W x the cost of Falcon-1A; a fused banded-mask kernel is not built);
+  * scalar gates, window W > 1, linear (Falcon-3A): by default the sum of W shifted Falcon-1A scans,
+    each one the same Triton kernels (W x the cost of Falcon-1A; proven on the H200); or, asked for with
+    FALCON_TRITON_3A=banded / core(fused_window=True), ONE scan with the window as a banded intra-chunk
+    mask (window_linear.py, 2 <= W <= 16): interpreter-tested against float64, not yet run on a GPU;
   * T = 1 without gradients (decoding): one fused kernel (decode.py); on CUDA used for Falcon-1 and
     Falcon-2A, whose graph-replayed output was checked on the H200; the others decode through the
     torch recurrence unless FALCON_TRITON_UNPROVEN=1 (Falcon-3's graph capture failed there);
@@ -53,6 +55,12 @@ def _read_interpret() -> bool:
 _INTERPRET = _read_interpret()
 _UNPROVEN = os.environ.get("FALCON_TRITON_UNPROVEN", "0") == "1"
 _TF32 = os.environ.get("FALCON_TRITON_TF32", "0") == "1"
+# Falcon-3A: "scans" (W Falcon-1A scans, proven on the H200) or "banded" (window_linear.py, one scan with the
+# window as a banded intra-chunk mask: interpreter-tested, not yet run on a GPU). Ours; `core(fused_window=)`
+# overrides it per call.
+_FALCON_3A = os.environ.get("FALCON_TRITON_3A", "scans")
+if _FALCON_3A not in ("scans", "banded"):
+    raise ValueError(f"FALCON_TRITON_3A must be 'scans' or 'banded', got {_FALCON_3A!r}")
 
 
 def interpreter_active() -> bool:
@@ -106,8 +114,12 @@ def supports(spec: FalconSpec, *, window: int, T: int = 2, grad: bool = True, de
 
 
 def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: int,
-         read_after: bool, chunk_size: int, allow_tf32: Optional[bool] = None):
+         read_after: bool, chunk_size: int, allow_tf32: Optional[bool] = None,
+         fused_window: Optional[bool] = None):
     """The Falcon core on Triton (shapes and semantics in docs/kernel-contract.md).
+
+    fused_window: Falcon-3A (window > 1, no delta) in one banded scan (True) or as W Falcon-1A scans (False);
+    None follows FALCON_TRITON_3A (default "scans", the path proven on the H200).
 
     allow_tf32: fp32 inputs use full-precision ("ieee") dots unless this is True (or the environment
     sets FALCON_TRITON_TF32=1). 16-bit inputs always use tensor-core dots with fp32 accumulation.
@@ -162,6 +174,8 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
         qe, xe, ve, ee, ge = _expand_window(q, xw, vw, eta, g, W)
         o_e, s = chunk_core(qe, xe, ve, ee, ge, S0, "scalar", (True, read_after, chunk_size, 0, tf32, False, W))
         return o_e.view(B, T, W, H, V)[:, :, 0], s
+    if fused_window if fused_window is not None else _FALCON_3A == "banded":
+        return chunk_core(q, xw, vw, eta, g, S0, "window_linear", (read_after, chunk_size, W, tf32))
     # Falcon-3A: S = Σ_m S^(m), scan m writes the pairs W-1-m rows back (falcon-math.md §4.1).
     o_sum, s_sum = None, None
     for m in range(W):

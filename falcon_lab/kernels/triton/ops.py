@@ -8,7 +8,8 @@ Two operators serve every kernel family:
     falcon_lab::chunk_core_bwd(q, x, v, eta, g, saved, dO, dST?, family, cfg, need_ds0) -> [dq, dx, dv, deta, dg, dS0]
 
 `family` names the kernel set ("scalar": chunk.py, Falcon-1/1A and the scans of 3/3A; "percol":
-percol.py, Falcon-2A; "percol_delta": percol_delta.py, Falcon-2); `cfg` is its integer configuration
+percol.py, Falcon-2A; "percol_delta": percol_delta.py, Falcon-2; "window_linear": window_linear.py, Falcon-3A
+in one scan, opt-in until proven on a GPU); `cfg` is its integer configuration
 (see _FAMILIES). Each family contributes a forward, a backward and the shapes of what its forward saves
 (for the fake tensors compile traces with). The inputs q, x, v, eta, g are saved by autograd itself;
 only the family's intermediate tensors are extra outputs (custom operators may not return views of their
@@ -24,6 +25,7 @@ import torch
 from .chunk import chunk_backward, chunk_forward
 from .percol import percol_backward, percol_forward
 from .percol_delta import percol_delta_backward, percol_delta_forward
+from .window_linear import window_linear_backward, window_linear_forward
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -88,10 +90,30 @@ def _percol_saved_shapes(with_r: bool):
     return f
 
 
+# window_linear cfg: [read_after, C, W, allow_tf32] (Falcon-3A in one scan)
+def _wl_fwd(q, x, v, eta, g, S0, cfg):
+    read_after, C, W, tf32 = cfg
+    O, ST, saved = window_linear_forward(q, x, v, eta, g, S0, read_after=bool(read_after), C=C, W=W,
+                                         allow_tf32=bool(tf32))
+    return [O, ST, *saved]
+
+
+def _wl_bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0):
+    read_after, C, W, tf32 = cfg
+    return window_linear_backward(q, x, v, eta, g, tuple(saved), dO, dST, read_after=bool(read_after), C=C, W=W,
+                                  allow_tf32=bool(tf32), need_ds0=need_ds0)
+
+
+def _wl_saved_shapes(q, x, v, cfg):
+    B, T, H, K = q.shape
+    return [((B, H, _cdiv(T, cfg[1]), K, v.shape[-1]), torch.float32)]
+
+
 _FAMILIES = {
     "scalar": (_scalar_fwd, _scalar_bwd, _scalar_saved_shapes),
     "percol": (_percol_fwd(percol_forward), _percol_bwd(percol_backward), _percol_saved_shapes(False)),
     "percol_delta": (_percol_fwd(percol_delta_forward), _percol_bwd(percol_delta_backward), _percol_saved_shapes(True)),
+    "window_linear": (_wl_fwd, _wl_bwd, _wl_saved_shapes),
 }
 
 

@@ -1,0 +1,431 @@
+"""Falcon-3A in ONE chunked scan: the window's pairs enter through a banded intra-chunk mask (ours).
+
+Falcon-3A's update (no delta, scalar gates, window W >= 2), per (batch, head), 0-based step t:
+
+    S_t = γ_t S_{t-1} + η_t Σ_{m<W} x_{t,m} v_{t,m}ᵀ ,   o_t = S_tᵀ q_t   (or S_{t-1}ᵀ q_t)
+
+where step t's pairs are the rows t .. t+W-1 of the pair stream xw/vw (kernel-contract.md: xw has T+W-1
+rows, the first W-1 carried). The W-scan path (`__init__.core`) runs one Falcon-1A scan per window slot and
+sums them; here one scan reads each pair once (falcon-math.md §6's window chunk form). In a chunk of C
+steps with local log-prefix u_i = Σ_{r<=i} g_r, read prefix ur = u (after) or u - g (before), state S at
+the chunk start, and the step-to-read decay Dr[i, s] = [s <= i | s < i] e^{ur_i - u_s} η_s:
+
+  * the chunk's "own" pairs j' = 0..C-1 (rows nC+W-1+j', step j''s newest pair) belong to steps
+    s = j' .. min(j'+W-1, C-1) of this chunk: M_o[i, j'] = Σ_{m<W} Dr[i, j'+m];
+  * its W-1 "carried" pairs c (rows nC+c, the previous chunk's last own pairs) belong to steps s = 0..c:
+    M_c[i, c] = Σ_{s<=c} Dr[i, s];
+
+    o_i   = e^{ur_i} q_iᵀ S + Σ_j' (q_i·x_j') M_o[i,j'] v_j' + Σ_c (q_i·x_c) M_c[i,c] v_c
+    S_out = e^{u_C} S + Σ_j' m_o[j'] x_j' v_j'ᵀ + Σ_c m_c[c] x_c v_cᵀ,   with w_s = e^{u_C - u_s} η_s,
+            m_o[j'] = Σ_{m<W} w_{j'+m} (j'+m < C),  m_c[c] = Σ_{s<=c} w_s.
+
+The band sums are formed elementwise from shifted loads of g and η (no fp32 dot, so no precision knob), every
+exponent <= 0. Backward by hand: the adjoint of each band sum is a shift of a vector, done with a [C, C]
+selection. The carried pairs' gradients land in a small [B·H, NT, 16, K|V] buffer that the launcher adds to
+the previous chunk's rows. Kernels: _wl_fwd_state (sequential over chunks), _wl_fwd_out (per chunk),
+_wl_bwd_state (reverse sequential), _wl_bwd_main (per chunk). W <= 16.
+
+Status: interpreter-tested (tests/test_triton_interp.py, `fused` cases) against the float64 loop; NOT run on a
+GPU, so `core` uses it only when asked (`fused_window=True` or FALCON_TRITON_3A=banded).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .chunk import _empty, _np2, _prec, _stages
+
+BW = 16  # the carried-pairs tile (W - 1 <= 15 rows used)
+
+
+@triton.jit
+def _shifted(G, ETA, b, h, n, i, m: tl.constexpr, g, T, H: tl.constexpr, C: tl.constexpr):
+    """Step j'+m of chunk n, as vectors over j': (u_{j'+m}, η_{j'+m}, valid). u is the chunk-local inclusive
+    log-prefix: u_{j'+m} = Σ_{r<m} g_r + Σ_{r<=j'} g_{r+m}."""
+    rows = n * C + i + m
+    val = (i + m < C) & (rows < T)
+    tok = (b * T + rows).to(tl.int64) * H + h
+    gm = tl.load(G + tok, mask=val, other=0.).to(tl.float32)
+    em = tl.load(ETA + tok, mask=val, other=0.).to(tl.float32)
+    um = tl.cumsum(gm, 0) + tl.sum(tl.where(i < m, g, 0.), 0)
+    return um, em, val
+
+
+@triton.jit
+def _shift(vec, i, m: tl.constexpr):
+    """out[s] = vec[s - m] (0 for s < m): the adjoint of reading position j' + m."""
+    return tl.sum(tl.where(i[:, None] == i[None, :] + m, vec[None, :], 0.), 1)
+
+
+@triton.jit
+def _chunk_vecs(G, ETA, b, h, n, i, T, H: tl.constexpr, C: tl.constexpr, READ_AFTER: tl.constexpr):
+    rows = n * C + i
+    rmask = rows < T
+    tok = (b * T + rows).to(tl.int64) * H + h
+    g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+    eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
+    u = tl.cumsum(g, 0)
+    if READ_AFTER:
+        ur = u
+    else:
+        ur = u - g
+    return rows, rmask, tok, g, eta, u, ur
+
+
+@triton.jit
+def _band_own(G, ETA, b, h, n, i, g, ur, T, H: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
+              READ_AFTER: tl.constexpr):
+    """M_o [C (read i), C (own pair j')] = Σ_m Dr[i, j'+m]."""
+    M = tl.zeros([C, C], dtype=tl.float32)
+    for m in tl.static_range(W):
+        um, em, val = _shifted(G, ETA, b, h, n, i, m, g, T, H, C)
+        s = i + m
+        if READ_AFTER:
+            caus = s[None, :] <= i[:, None]
+        else:
+            caus = s[None, :] < i[:, None]
+        M += tl.where(caus & val[None, :], tl.exp(tl.minimum(ur[:, None] - um[None, :], 0.)) * em[None, :], 0.)
+    return M
+
+
+@triton.jit
+def _band_carried(i, c, u, eta, ur, C: tl.constexpr, W: tl.constexpr, READ_AFTER: tl.constexpr,
+                  BWc: tl.constexpr):
+    """M_c [C (read i), BW (carried pair c)] = Σ_{s<=c} Dr[i, s], c < W-1."""
+    M = tl.zeros([C, BWc], dtype=tl.float32)
+    for s in tl.static_range(W - 1):
+        u_s = tl.sum(tl.where(i == s, u, 0.), 0)
+        e_s = tl.sum(tl.where(i == s, eta, 0.), 0)
+        if READ_AFTER:
+            caus = s <= i
+        else:
+            caus = s < i
+        col = tl.where(caus, tl.exp(tl.minimum(ur - u_s, 0.)) * e_s, 0.)
+        M += tl.where(((c >= s) & (c < W - 1))[None, :], col[:, None], 0.)
+    return M
+
+
+@triton.jit
+def _state_weights(G, ETA, b, h, n, i, c, g, eta, u, uC, T, H: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
+                   BWc: tl.constexpr):
+    """(m_o [C], m_c [BW], w [C]): the weights of the own and carried pairs in S_out, and w_s = e^{u_C-u_s} η_s."""
+    mo = tl.zeros([C], dtype=tl.float32)
+    for m in tl.static_range(W):
+        um, em, val = _shifted(G, ETA, b, h, n, i, m, g, T, H, C)
+        mo += tl.where(val, tl.exp(tl.minimum(uC - um, 0.)) * em, 0.)
+    w = tl.exp(tl.minimum(uC - u, 0.)) * eta
+    mc = tl.zeros([BWc], dtype=tl.float32)
+    for s in tl.static_range(W - 1):
+        w_s = tl.sum(tl.where(i == s, w, 0.), 0)
+        mc += tl.where((c >= s) & (c < W - 1), w_s, 0.)
+    return mo, mc, w
+
+
+@triton.jit
+def _wl_fwd_state(XW, VW, ETA, G, S0, HS, ST, T, XT, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  C: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BWc: tl.constexpr,
+                  HAS_S0: tl.constexpr, PREC: tl.constexpr):
+    vb = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    c = tl.arange(0, BWc)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    smask = kmask[:, None] & vmask[None, :]
+    soff = ck[:, None] * V + cv[None, :]
+    bh64 = bh.to(tl.int64)
+    if HAS_S0:
+        S = tl.load(S0 + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    for n in range(0, NT):
+        tl.store(HS + (bh64 * NT + n) * K * V + soff, S, mask=smask)
+        rows, rmask, tok, g, eta, u, ur = _chunk_vecs(G, ETA, b, h, n, i, T, H, C, True)
+        uC = tl.sum(g, 0)
+        mo, mc, w = _state_weights(G, ETA, b, h, n, i, c, g, eta, u, uC, T, H, C, W, BWc)
+        otok = (b * XT + n * C + W - 1 + i).to(tl.int64) * H + h
+        ctok = (b * XT + n * C + c).to(tl.int64) * H + h
+        cm = c < W - 1
+        xo = tl.load(XW + otok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+        xc = tl.load(XW + ctok[:, None] * K + ck[None, :], mask=cm[:, None] & kmask[None, :], other=0.)
+        dt = xo.dtype
+        vo = tl.load(VW + otok[:, None] * V + cv[None, :], mask=rmask[:, None] & vmask[None, :], other=0.)
+        vc = tl.load(VW + ctok[:, None] * V + cv[None, :], mask=cm[:, None] & vmask[None, :], other=0.)
+        S = S * tl.exp(uC)
+        S += tl.dot(tl.trans(xo), (vo.to(tl.float32) * mo[:, None]).to(dt), input_precision=PREC)
+        S += tl.dot(tl.trans(xc), (vc.to(tl.float32) * mc[:, None]).to(dt), input_precision=PREC)
+    tl.store(ST + bh64 * K * V + soff, S, mask=smask)
+
+
+@triton.jit
+def _wl_fwd_out(Q, XW, VW, ETA, G, HS, O, T, XT, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                C: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BWc: tl.constexpr,
+                READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+    vb = tl.program_id(0)
+    n = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    c = tl.arange(0, BWc)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    rows, rmask, tok, g, eta, u, ur = _chunk_vecs(G, ETA, b, h, n, i, T, H, C, READ_AFTER)
+    otok = (b * XT + n * C + W - 1 + i).to(tl.int64) * H + h
+    ctok = (b * XT + n * C + c).to(tl.int64) * H + h
+    cm = c < W - 1
+    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+    dt = q.dtype
+    xo = tl.load(XW + otok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+    xc = tl.load(XW + ctok[:, None] * K + ck[None, :], mask=cm[:, None] & kmask[None, :], other=0.)
+    vo = tl.load(VW + otok[:, None] * V + cv[None, :], mask=rmask[:, None] & vmask[None, :], other=0.)
+    vc = tl.load(VW + ctok[:, None] * V + cv[None, :], mask=cm[:, None] & vmask[None, :], other=0.)
+    Po = tl.dot(q, tl.trans(xo), input_precision=PREC) * _band_own(G, ETA, b, h, n, i, g, ur, T, H, C, W, READ_AFTER)
+    Pc = tl.dot(q, tl.trans(xc), input_precision=PREC) * _band_carried(i, c, u, eta, ur, C, W, READ_AFTER, BWc)
+    S = tl.load(HS + (bh.to(tl.int64) * NT + n) * K * V + ck[:, None] * V + cv[None, :],
+                mask=kmask[:, None] & vmask[None, :], other=0.)
+    o = tl.dot(q, S.to(dt), input_precision=PREC) * tl.exp(ur)[:, None]
+    o += tl.dot(Po.to(dt), vo, input_precision=PREC)
+    o += tl.dot(Pc.to(dt), vc, input_precision=PREC)
+    tl.store(O + tok[:, None] * V + cv[None, :], o.to(O.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
+
+
+@triton.jit
+def _wl_bwd_state(Q, G, DO, DST, DHS, DS0, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr,
+                  HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr, PREC: tl.constexpr):
+    """DHS[n] = dL/dS at the END of chunk n; S's only other reader is the read-out e^{ur} qᵀ S."""
+    vb = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    smask = kmask[:, None] & vmask[None, :]
+    soff = ck[:, None] * V + cv[None, :]
+    bh64 = bh.to(tl.int64)
+    if HAS_DST:
+        dH = tl.load(DST + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
+    else:
+        dH = tl.zeros([BK, BV], dtype=tl.float32)
+    for nn in range(0, NT):
+        n = NT - 1 - nn
+        tl.store(DHS + (bh64 * NT + n) * K * V + soff, dH, mask=smask)
+        rows = n * C + i
+        rmask = rows < T
+        tok = (b * T + rows).to(tl.int64) * H + h
+        g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+        u = tl.cumsum(g, 0)
+        if READ_AFTER:
+            ur = u
+        else:
+            ur = u - g
+        q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+        do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=rmask[:, None] & vmask[None, :], other=0.)
+        dH = dH * tl.exp(tl.sum(g, 0)) + tl.dot(tl.trans(q), (do.to(tl.float32) * tl.exp(ur)[:, None]).to(q.dtype),
+                                                input_precision=PREC)
+    if STORE_DS0:
+        tl.store(DS0 + bh64 * K * V + soff, dH, mask=smask)
+
+
+@triton.jit
+def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG, T, XT, NT,
+                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
+                 BK: tl.constexpr, BV: tl.constexpr, BWc: tl.constexpr, READ_AFTER: tl.constexpr,
+                 PREC: tl.constexpr):
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    c = tl.arange(0, BWc)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    rows, rmask, tok, g, eta, u, ur = _chunk_vecs(G, ETA, b, h, n, i, T, H, C, READ_AFTER)
+    uC = tl.sum(g, 0)
+    otok = (b * XT + n * C + W - 1 + i).to(tl.int64) * H + h
+    ctok = (b * XT + n * C + c).to(tl.int64) * H + h
+    cm = c < W - 1
+    km = rmask[:, None] & kmask[None, :]
+    ckm = cm[:, None] & kmask[None, :]
+    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    dt = q.dtype
+    xo = tl.load(XW + otok[:, None] * K + ck[None, :], mask=km, other=0.)
+    xc = tl.load(XW + ctok[:, None] * K + ck[None, :], mask=ckm, other=0.)
+    Mo = _band_own(G, ETA, b, h, n, i, g, ur, T, H, C, W, READ_AFTER)
+    Mc = _band_carried(i, c, u, eta, ur, C, W, READ_AFTER, BWc)
+    Ao = tl.dot(q, tl.trans(xo), input_precision=PREC)
+    Ac = tl.dot(q, tl.trans(xc), input_precision=PREC)
+    # Pᵀ built directly from dots with swapped operands (a transposed [C, C] dot result is never fed to a dot:
+    # the Hopper miscompile of Triton 3.4-3.7.0, fla #640)
+    PoT = (tl.dot(xo, tl.trans(q), input_precision=PREC) * tl.trans(Mo)).to(dt)
+    PcT = (tl.dot(xc, tl.trans(q), input_precision=PREC) * tl.trans(Mc)).to(dt)
+    mo, mc, w = _state_weights(G, ETA, b, h, n, i, c, g, eta, u, uC, T, H, C, W, BWc)
+    dPo = tl.zeros([C, C], dtype=tl.float32)
+    dPc = tl.zeros([C, BWc], dtype=tl.float32)
+    dq = tl.zeros([C, BK], dtype=tl.float32)
+    dxo = tl.zeros([C, BK], dtype=tl.float32)
+    dxc = tl.zeros([BWc, BK], dtype=tl.float32)
+    dmo = tl.zeros([C], dtype=tl.float32)
+    dmc = tl.zeros([BWc], dtype=tl.float32)
+    d_ur = tl.zeros([C], dtype=tl.float32)
+    duC = tl.sum(tl.zeros([C], dtype=tl.float32), 0)
+    hbase = (bh.to(tl.int64) * NT + n) * K * V
+    cbase = (bh.to(tl.int64) * NT + n) * BWc
+    for vb in range(0, tl.cdiv(V, BV)):
+        cv = vb * BV + tl.arange(0, BV)
+        vmask = cv < V
+        vm = rmask[:, None] & vmask[None, :]
+        cvm = cm[:, None] & vmask[None, :]
+        soff = ck[:, None] * V + cv[None, :]
+        smask = kmask[:, None] & vmask[None, :]
+        S = tl.load(HS + hbase + soff, mask=smask, other=0.)
+        dH = tl.load(DHS + hbase + soff, mask=smask, other=0.)
+        Sd = S.to(dt)
+        dHd = dH.to(dt)
+        do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
+        vo = tl.load(VW + otok[:, None] * V + cv[None, :], mask=vm, other=0.)
+        vc = tl.load(VW + ctok[:, None] * V + cv[None, :], mask=cvm, other=0.)
+        dPo += tl.dot(do, tl.trans(vo), input_precision=PREC)
+        dPc += tl.dot(do, tl.trans(vc), input_precision=PREC)
+        qS = tl.dot(q, Sd, input_precision=PREC)
+        d_ur += tl.exp(ur) * tl.sum(do.to(tl.float32) * qS, 1)
+        dq += tl.dot(do, tl.trans(Sd), input_precision=PREC)
+        duC += tl.sum(tl.sum(dH * S, 1), 0) * tl.exp(uC)
+        xoG = tl.dot(xo, dHd, input_precision=PREC)
+        xcG = tl.dot(xc, dHd, input_precision=PREC)
+        vof = vo.to(tl.float32)
+        vcf = vc.to(tl.float32)
+        dmo += tl.sum(xoG * vof, 1)
+        dmc += tl.sum(xcG * vcf, 1)
+        dxo += tl.dot((vof * mo[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
+        dxc += tl.dot((vcf * mc[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
+        dvo = tl.dot(PoT, do, input_precision=PREC) + xoG * mo[:, None]
+        dvc = tl.dot(PcT, do, input_precision=PREC) + xcG * mc[:, None]
+        tl.store(DV + otok[:, None] * V + cv[None, :], dvo.to(DV.dtype.element_ty), mask=vm)
+        tl.store(DVC + (cbase + c)[:, None] * V + cv[None, :], dvc, mask=cvm)
+    dAo = dPo * Mo
+    dAc = dPc * Mc
+    dq = dq * tl.exp(ur)[:, None] + tl.dot(dAo.to(dt), xo, input_precision=PREC) \
+        + tl.dot(dAc.to(dt), xc, input_precision=PREC)
+    dxo += tl.trans(tl.dot(tl.trans(q), dAo.to(dt), input_precision=PREC))
+    dxc += tl.trans(tl.dot(tl.trans(q), dAc.to(dt), input_precision=PREC))
+    dMo = dPo * Ao
+    dMc = dPc * Ac
+    # the band sums' adjoints: d(Dr[i, s]) from M_o (s = j'+m) and M_c (s <= c), and dw_s from m_o, m_c
+    d_u = tl.zeros([C], dtype=tl.float32)
+    d_eta = tl.zeros([C], dtype=tl.float32)
+    dw = tl.zeros([C], dtype=tl.float32)
+    for m in tl.static_range(W):
+        um, em, val = _shifted(G, ETA, b, h, n, i, m, g, T, H, C)
+        s = i + m
+        if READ_AFTER:
+            caus = s[None, :] <= i[:, None]
+        else:
+            caus = s[None, :] < i[:, None]
+        E = tl.where(caus & val[None, :], tl.exp(tl.minimum(ur[:, None] - um[None, :], 0.)), 0.)
+        Z = dMo * E
+        d_ur += tl.sum(Z * em[None, :], 1)
+        d_u -= _shift(tl.sum(Z, 0) * em, i, m)
+        d_eta += _shift(tl.sum(Z, 0), i, m)
+        dw += _shift(tl.where(val, dmo, 0.), i, m)
+    for s in tl.static_range(W - 1):
+        u_s = tl.sum(tl.where(i == s, u, 0.), 0)
+        e_s = tl.sum(tl.where(i == s, eta, 0.), 0)
+        if READ_AFTER:
+            caus_s = s <= i
+        else:
+            caus_s = s < i
+        E_s = tl.where(caus_s, tl.exp(tl.minimum(ur - u_s, 0.)), 0.)
+        cs = tl.sum(tl.where(((c >= s) & cm)[None, :], dMc, 0.), 1)
+        d_ur += cs * E_s * e_s
+        zs = tl.sum(cs * E_s, 0)
+        d_u -= tl.where(i == s, zs * e_s, 0.)
+        d_eta += tl.where(i == s, zs, 0.)
+        dw += tl.where(i == s, tl.sum(tl.where((c >= s) & cm, dmc, 0.), 0), 0.)
+    dwe = dw * w
+    duC += tl.sum(dwe, 0)
+    d_u -= dwe
+    d_eta += dw * tl.exp(tl.minimum(uC - u, 0.))
+    d_u += d_ur
+    d_u += tl.where(i == C - 1, duC, 0.)
+    dg = tl.cumsum(d_u, 0, reverse=True)
+    if not READ_AFTER:
+        dg -= d_ur
+    tl.store(DQ + tok[:, None] * K + ck[None, :], dq.to(DQ.dtype.element_ty), mask=km)
+    tl.store(DX + otok[:, None] * K + ck[None, :], dxo.to(DX.dtype.element_ty), mask=km)
+    tl.store(DXC + (cbase + c)[:, None] * K + ck[None, :], dxc, mask=ckm)
+    tl.store(DETA + tok, d_eta, mask=rmask)
+    tl.store(DG + tok, dg, mask=rmask)
+
+
+def _tiles(K: int, V: int):
+    BK = _np2(K)
+    return BK, min(64 if BK <= 64 else 32, _np2(V))
+
+
+def window_linear_forward(q, xw, vw, eta, g, S0, *, read_after, C, W, allow_tf32=False):
+    """-> (O [B, T, H, V] in q's dtype, S_T [B, H, K, V] fp32, (HS,)): Falcon-3A's core in one scan."""
+    if not 2 <= W <= BW:
+        raise ValueError(f"the fused window kernel takes 2 <= W <= {BW}, got {W}")
+    B, T, H, K = q.shape
+    XT = xw.shape[1]
+    V = vw.shape[-1]
+    NT = triton.cdiv(T, C)
+    BK, BV = _tiles(K, V)
+    prec = _prec(q.dtype, allow_tf32, q.device)
+    st = _stages(q.dtype)
+    HS = torch.empty(B, H, NT, K, V, dtype=torch.float32, device=q.device)
+    ST = _empty((B, H, K, V), torch.float32, q.device)
+    _wl_fwd_state[(triton.cdiv(V, BV), B * H)](xw, vw, eta, g, S0 if S0 is not None else eta, HS, ST, T, XT, NT,
+                                               H, K, V, C, W, BK, BV, BW, S0 is not None, prec, **st)
+    O = _empty((B, T, H, V), q.dtype, q.device)
+    _wl_fwd_out[(triton.cdiv(V, BV), NT, B * H)](q, xw, vw, eta, g, HS, O, T, XT, NT, H, K, V, C, W, BK, BV, BW,
+                                                 read_after, prec, **st)
+    return O, ST, (HS,)
+
+
+def window_linear_backward(q, xw, vw, eta, g, saved, dO, dST, *, read_after, C, W, allow_tf32=False,
+                           need_ds0=True):
+    (HS,) = saved
+    B, T, H, K = q.shape
+    XT = xw.shape[1]
+    V = vw.shape[-1]
+    NT = triton.cdiv(T, C)
+    BK, BV = _tiles(K, V)
+    dev = q.device
+    prec = _prec(q.dtype, allow_tf32, dev)
+    st = _stages(q.dtype)
+    f32 = torch.float32
+    DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
+    DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
+    _wl_bwd_state[(triton.cdiv(V, BV), B * H)](q, g, dO, dST if dST is not None else eta, DHS,
+                                               DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BV,
+                                               read_after, dST is not None, need_ds0, prec, **st)
+    dq = _empty(q.shape, q.dtype, dev)
+    dx = torch.zeros(xw.shape, dtype=f32, device=dev)  # rows 0..W-2 are only ever carried
+    dv = torch.zeros(vw.shape, dtype=f32, device=dev)
+    DXC = torch.zeros(B * H, NT, BW, K, dtype=f32, device=dev)
+    DVC = torch.zeros(B * H, NT, BW, V, dtype=f32, device=dev)
+    deta = _empty(eta.shape, eta.dtype, dev)
+    dg = _empty(g.shape, g.dtype, dev)
+    _wl_bwd_main[(NT, B * H)](q, xw, vw, eta, g, HS, DHS, dO, dq, dx, dv, DXC, DVC, deta, dg, T, XT, NT, H, K, V,
+                              C, W, BK, BV, BW, read_after, prec, num_warps=8, **st)
+    # the carried pairs of chunk n are the rows nC + c (c < W-1): add their gradients there
+    rows = (torch.arange(NT, device=dev)[:, None] * C + torch.arange(W - 1, device=dev)[None, :]).reshape(-1)
+    dxc = DXC.view(B, H, NT, BW, K)[:, :, :, :W - 1].permute(0, 2, 3, 1, 4).reshape(B, NT * (W - 1), H, K)
+    dvc = DVC.view(B, H, NT, BW, V)[:, :, :, :W - 1].permute(0, 2, 3, 1, 4).reshape(B, NT * (W - 1), H, V)
+    dx.index_add_(1, rows, dxc)
+    dv.index_add_(1, rows, dvc)
+    return dq, dx.to(xw.dtype), dv.to(vw.dtype), deta, dg, DS0
