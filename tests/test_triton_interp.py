@@ -44,6 +44,8 @@ CASES.append(_c("F3A-banded-W8-strong-decay", delta=False, W=8, T=50, strong=Tru
 CASES.append(_c("F3A-banded-W16-C64-T65-no-S0", delta=False, W=16, C=64, T=65, B=1, H=1, K=48, V=16, s0=False,
                 seed=25, fused=True))
 CASES.append(_c("F3A-banded-W2-fp16", delta=False, W=2, dtype="float16", seed=26, fused=True))
+CASES.append(_c("F3A-banded-K16-V80-two-value-blocks", delta=False, W=4, T=40, B=1, H=1, K=16, V=80, seed=31,
+                fused=True))
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10))
 CASES.append(_c("F3-W4-C64-strong-decay", delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True, seed=12))
