@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The next H200 session's kernel proofs and timings (issues 14 and 15), each step in its own process (a kernel fault
+# poisons the CUDA context) with a timeout cut to end by PROVE_DEADLINE_S + 30. On the GPU machine, from the repo root:
+#   . experiments/h200/device_env.sh > $OUT/env.log 2>&1; STEPS="f2 f2_warps4 banded" PROVE_DEADLINE_S=480 \
+#     bash experiments/h200/prove_kernels.sh          # call 1 (~8 min)
+#   STEPS="kernels" PROVE_DEADLINE_S=500 bash experiments/h200/prove_kernels.sh     # call 2 (timings)
+# Steps:
+#   f2         Falcon-2's full `bench check --variants 2` (fp32 rows, public op, CUDA-graph decode), alone on the GPU:
+#              with every row passing, add "2" to PROVEN_CHUNK (falcon_lab/kernels/triton/__init__.py);
+#   f2_warps4  control: the old 4-warp launch of _pcd_bwd_state on the row that crashed, expected to crash (exit 3);
+#   banded     FALCON_TRITON_3A=banded `bench check --variants 3A,1A,3`: the one-scan Falcon-3A kernel's core rows
+#              and public op, plus the CUDA-graph decode rows of 1A, 3 (mu_t without cuSOLVER) and 3A, so that
+#              PROVEN_DECODE can grow;
+#   kernels    `bench kernels` for the Falcon ops incl. falcon-3A-banded beside falcon-3A and SDPA (a partial run:
+#              kernels_h200_partial.*), FALCON_TRITON_UNPROVEN=1 so that Falcon-2 is timed.
+# Everything lands in $OUT/prove.tgz (split into .part00... over 15 MiB: the device tool returns files <= 16 MiB);
+# summary.txt has one line per step with its exit code.
+set -u
+W=${PROVE_WORK:-/tmp/prove}; mkdir -p "$W"
+DL=${PROVE_DEADLINE_S:-480}
+STEPS=${STEPS:-"f2 f2_warps4 banded"}
+t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
+step() {  # step NAME TIMEOUT_S CMD...
+  local name=$1 to=$2; shift 2
+  case " $STEPS " in *" $name "*) ;; *) return ;; esac
+  if [ "$(el)" -ge "$DL" ]; then echo "$name skipped (deadline)" >> "$W/summary.txt"; return; fi
+  local cap=$(( DL + 30 - $(el) )); [ "$to" -gt "$cap" ] && to=$cap
+  echo "== +$(el)s $name (timeout ${to}s): $*" >> "$W/summary.txt"
+  timeout --kill-after=10 "$to" "$@" > "$W/$name.log" 2>&1
+  echo "$name rc=$? +$(el)s" >> "$W/summary.txt"
+}
+nvidia-smi > "$W/nvidia-smi.txt" 2>&1
+step f2 300 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 2 --out "$W/check_f2"
+step f2_warps4 120 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/falcon2_crash.py --dtype bfloat16 \
+  --state-warps 4 --json "$W/f2_warps4.json"
+step banded 360 env FALCON_TRITON_3A=banded FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
+  --variants 3A,1A,3 --out "$W/check_3a_banded"
+step kernels 480 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --out "$W/kernels" \
+  --ops falcon-1,falcon-1A,falcon-2,falcon-3,falcon-3A,falcon-3A-banded,falcon-2A,sdpa_flash
+R=${PROVE_RESULTS:-${OUT:?}/prove.tgz}
+tar czf "$R" -C "$W" .
+if [ "$(stat -c %s "$R")" -gt 15728640 ]; then split -b 15728640 -d "$R" "$R.part" && rm -f "$R"; fi
+echo "prove steps [$STEPS] packed after $(el)s"
