@@ -263,14 +263,13 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
     dt = q.dtype
     xo = tl.load(XW + otok[:, None] * K + ck[None, :], mask=km, other=0.)
     xc = tl.load(XW + ctok[:, None] * K + ck[None, :], mask=ckm, other=0.)
-    Mo = _band_own(G, ETA, b, h, n, i, g, ur, T, H, C, W, READ_AFTER)
-    Mc = _band_carried(i, c, u, eta, ur, C, W, READ_AFTER, BWc)
-    Ao = tl.dot(q, tl.trans(xo), input_precision=PREC)
-    Ac = tl.dot(q, tl.trans(xc), input_precision=PREC)
     # Pᵀ built directly from dots with swapped operands (a transposed [C, C] dot result is never fed to a dot:
-    # the Hopper miscompile of Triton 3.4-3.7.0, fla #640)
-    PoT = (tl.dot(xo, tl.trans(q), input_precision=PREC) * tl.trans(Mo)).to(dt)
-    PcT = (tl.dot(xc, tl.trans(q), input_precision=PREC) * tl.trans(Mc)).to(dt)
+    # the Hopper miscompile of Triton 3.4-3.7.0, fla #640). The band matrices and qxᵀ are formed again after the
+    # value loop rather than kept live across it (fewer [C, C] fp32 tiles in registers; ours).
+    PoT = (tl.dot(xo, tl.trans(q), input_precision=PREC)
+           * tl.trans(_band_own(G, ETA, b, h, n, i, g, ur, T, H, C, W, READ_AFTER))).to(dt)
+    PcT = (tl.dot(xc, tl.trans(q), input_precision=PREC)
+           * tl.trans(_band_carried(i, c, u, eta, ur, C, W, READ_AFTER, BWc))).to(dt)
     mo, mc, w = _state_weights(G, ETA, b, h, n, i, c, g, eta, u, uC, T, H, C, W, BWc)
     dPo = tl.zeros([C, C], dtype=tl.float32)
     dPc = tl.zeros([C, BWc], dtype=tl.float32)
@@ -315,14 +314,16 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
         dvc = tl.dot(PcT, do, input_precision=PREC) + xcG * mc[:, None]
         tl.store(DV + otok[:, None] * V + cv[None, :], dvo.to(DV.dtype.element_ty), mask=vm)
         tl.store(DVC + (cbase + c)[:, None] * V + cv[None, :], dvc, mask=cvm)
+    Mo = _band_own(G, ETA, b, h, n, i, g, ur, T, H, C, W, READ_AFTER)
+    Mc = _band_carried(i, c, u, eta, ur, C, W, READ_AFTER, BWc)
     dAo = dPo * Mo
     dAc = dPc * Mc
     dq = dq * tl.exp(ur)[:, None] + tl.dot(dAo.to(dt), xo, input_precision=PREC) \
         + tl.dot(dAc.to(dt), xc, input_precision=PREC)
     dxo += tl.trans(tl.dot(tl.trans(q), dAo.to(dt), input_precision=PREC))
     dxc += tl.trans(tl.dot(tl.trans(q), dAc.to(dt), input_precision=PREC))
-    dMo = dPo * Ao
-    dMc = dPc * Ac
+    dMo = dPo * tl.dot(q, tl.trans(xo), input_precision=PREC)
+    dMc = dPc * tl.dot(q, tl.trans(xc), input_precision=PREC)
     # the band sums' adjoints: d(Dr[i, s]) from M_o (s = j'+m) and M_c (s <= c), and dw_s from m_o, m_c
     d_u = tl.zeros([C], dtype=tl.float32)
     d_eta = tl.zeros([C], dtype=tl.float32)
