@@ -41,8 +41,9 @@ CASES.append(_c("F3A-W4-before-C32", delta=False, W=4, after=False, C=32, T=45, 
 CASES.append(_c("F3A-banded-W3-after", delta=False, W=3, seed=7, fused=True))
 CASES.append(_c("F3A-banded-W4-before-C32", delta=False, W=4, after=False, C=32, T=45, seed=8, fused=True))
 CASES.append(_c("F3A-banded-W8-strong-decay", delta=False, W=8, T=50, strong=True, seed=24, fused=True))
-CASES.append(_c("F3A-banded-W16-C64-T65-no-S0", delta=False, W=16, C=64, T=65, B=1, H=1, K=48, V=16, s0=False,
+CASES.append(_c("F3A-banded-W16-C32-no-S0", delta=False, W=16, C=32, T=40, B=1, H=1, K=48, V=16, s0=False,
                 seed=25, fused=True))
+CASES.append(_c("F3A-banded-W3-C64-T65", delta=False, W=3, C=64, T=65, B=1, H=1, K=16, V=16, seed=27, fused=True))
 CASES.append(_c("F3A-banded-W2-fp16", delta=False, W=2, dtype="float16", seed=26, fused=True))
 CASES.append(_c("F3A-banded-K16-V80-two-value-blocks", delta=False, W=4, T=40, B=1, H=1, K=16, V=80, seed=31,
                 fused=True))
@@ -74,28 +75,24 @@ RECOMPUTE = [dict(id=f"recompute-F{v}", recompute=True, variant=v, seed=29) for 
 API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21) for v in ("1", "1A", "3A", "3", "2A", "2")]
 
 
-# the public op (ragged cu_seqlens, continuation) and a compiled block with Falcon-3A on the banded scan, in a
-# process where FALCON_TRITON_3A=banded makes it the default
-BANDED = [dict(API[2], id="api-varlen-continuation-F3A-banded"), dict(COMPILE[3], id="compile-fullgraph-F3A-banded")]
+# the public op (ragged cu_seqlens, continuation) and a compiled block with Falcon-3A on the banded scan made the
+# default for the case (what FALCON_TRITON_3A=banded sets)
+BANDED = [dict(API[2], id="api-varlen-continuation-F3A-banded", banded=True),
+          dict(COMPILE[3], id="compile-fullgraph-F3A-banded", banded=True)]
 
 
 @pytest.fixture(scope="module")
 def results():
-    return run_interp_cases("triton_interp_cases.py", CASES + DECODE + API + COMPILE + RECOMPUTE, timeout=600)
+    return run_interp_cases("triton_interp_cases.py", CASES + DECODE + API + COMPILE + RECOMPUTE + BANDED, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def banded_results():
-    return run_interp_cases("triton_interp_cases.py", BANDED, timeout=600, FALCON_TRITON_3A="banded")
-
-
-def test_banded_falcon_3a_through_the_public_op_and_compile(banded_results):
-    """With FALCON_TRITON_3A=banded, chunk_falcon's Falcon-3A runs the one-scan kernel: varlen and continuation
-    against the float64 recurrence, and a compiled block (fullgraph) against eager."""
+def test_banded_falcon_3a_through_the_public_op_and_compile(results):
+    """With the one-scan kernel the default (FALCON_TRITON_3A=banded), chunk_falcon's Falcon-3A runs it: varlen and
+    continuation against the float64 recurrence, and a compiled block (fullgraph) against eager."""
     import falcon_lab.kernels.triton as kt
 
     assert kt._FALCON_3A == "scans", "the proven W-scan path stays the default"
-    api, comp = (banded_results.get(c["id"]) for c in BANDED)
+    api, comp = (results.get(c["id"]) for c in BANDED)
     assert api is not None and "error" not in api, api
     assert api["res"]["window_linear_calls"] > 0, api  # the banded kernel did run
     for k, e in api["res"].items():

@@ -151,8 +151,12 @@ def recompute_case(c):
 
 
 if __name__ == "__main__":
+    import falcon_lab.kernels.triton as kt
+
     cases = json.loads(sys.argv[1])
+    default_3a = kt._FALCON_3A
     for c in cases:
+        kt._FALCON_3A = "banded" if c.get("banded") else default_3a  # what FALCON_TRITON_3A=banded sets
         try:
             if c.get("recompute"):
                 res = recompute_case(c)
@@ -161,7 +165,7 @@ if __name__ == "__main__":
             elif c.get("api"):
                 from falcon_lab.benchmarking.gpu_check import check_api
 
-                banded = os.environ.get("FALCON_TRITON_3A") == "banded"
+                banded = bool(c.get("banded"))
                 if banded:  # count the one-scan Falcon-3A kernel's forward calls
                     import falcon_lab.kernels.triton.ops as ops
 
