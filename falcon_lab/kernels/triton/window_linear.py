@@ -60,18 +60,44 @@ def _shift(vec, i, m: tl.constexpr):
 
 
 @triton.jit
-def _chunk_vecs(G, ETA, b, h, n, i, T, H: tl.constexpr, C: tl.constexpr, READ_AFTER: tl.constexpr):
+def _chunk_vecs(G, b, h, n, i, T, H: tl.constexpr, C: tl.constexpr, READ_AFTER: tl.constexpr):
+    """Chunk n's steps: (row mask, token offsets, g, inclusive log-prefix u, read prefix ur)."""
     rows = n * C + i
     rmask = rows < T
     tok = (b * T + rows).to(tl.int64) * H + h
     g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
-    eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
     u = tl.cumsum(g, 0)
     if READ_AFTER:
         ur = u
     else:
         ur = u - g
-    return rows, rmask, tok, g, eta, u, ur
+    return rmask, tok, g, u, ur
+
+
+@triton.jit
+def _state_tile(vb, bh, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """A [BK, BV] tile of a (b, h) state: (key/value indices and masks, offsets, mask) for value block vb."""
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    return ck, kmask, cv, vmask, ck[:, None] * V + cv[None, :], kmask[:, None] & vmask[None, :]
+
+
+@triton.jit
+def _pair_rows(b, h, n, i, c, XT, H: tl.constexpr, C: tl.constexpr, W: tl.constexpr):
+    """Pair-stream offsets of chunk n: its own pairs (rows nC+W-1+i) and its carried pairs (rows nC+c, c < W-1)."""
+    otok = (b * XT + n * C + W - 1 + i).to(tl.int64) * H + h
+    ctok = (b * XT + n * C + c).to(tl.int64) * H + h
+    return otok, ctok, c < W - 1
+
+
+@triton.jit
+def _load_pairs(P, otok, ctok, rmask, cm, cols, cmask, D: tl.constexpr):
+    """The own [C, B*] and carried [BW, B*] rows of XW (D = K) or VW (D = V), masked."""
+    own = tl.load(P + otok[:, None] * D + cols[None, :], mask=rmask[:, None] & cmask[None, :], other=0.)
+    car = tl.load(P + ctok[:, None] * D + cols[None, :], mask=cm[:, None] & cmask[None, :], other=0.)
+    return own, car
 
 
 @triton.jit
@@ -133,12 +159,7 @@ def _wl_fwd_state(XW, VW, ETA, G, S0, HS, ST, T, XT, NT, H: tl.constexpr, K: tl.
     h = bh % H
     i = tl.arange(0, C)
     c = tl.arange(0, BWc)
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    cv = vb * BV + tl.arange(0, BV)
-    vmask = cv < V
-    smask = kmask[:, None] & vmask[None, :]
-    soff = ck[:, None] * V + cv[None, :]
+    ck, kmask, cv, vmask, soff, smask = _state_tile(vb, bh, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
     if HAS_S0:
         S = tl.load(S0 + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
@@ -146,17 +167,14 @@ def _wl_fwd_state(XW, VW, ETA, G, S0, HS, ST, T, XT, NT, H: tl.constexpr, K: tl.
         S = tl.zeros([BK, BV], dtype=tl.float32)
     for n in range(0, NT):
         tl.store(HS + (bh64 * NT + n) * K * V + soff, S, mask=smask)
-        rows, rmask, tok, g, eta, u, ur = _chunk_vecs(G, ETA, b, h, n, i, T, H, C, True)
+        rmask, tok, g, u, ur = _chunk_vecs(G, b, h, n, i, T, H, C, True)
+        eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
         uC = tl.sum(g, 0)
         mo, mc, w = _state_weights(G, ETA, b, h, n, i, c, g, eta, u, uC, T, H, C, W, BWc)
-        otok = (b * XT + n * C + W - 1 + i).to(tl.int64) * H + h
-        ctok = (b * XT + n * C + c).to(tl.int64) * H + h
-        cm = c < W - 1
-        xo = tl.load(XW + otok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
-        xc = tl.load(XW + ctok[:, None] * K + ck[None, :], mask=cm[:, None] & kmask[None, :], other=0.)
+        otok, ctok, cm = _pair_rows(b, h, n, i, c, XT, H, C, W)
+        xo, xc = _load_pairs(XW, otok, ctok, rmask, cm, ck, kmask, K)
+        vo, vc = _load_pairs(VW, otok, ctok, rmask, cm, cv, vmask, V)
         dt = xo.dtype
-        vo = tl.load(VW + otok[:, None] * V + cv[None, :], mask=rmask[:, None] & vmask[None, :], other=0.)
-        vc = tl.load(VW + ctok[:, None] * V + cv[None, :], mask=cm[:, None] & vmask[None, :], other=0.)
         S = S * tl.exp(uC)
         S += tl.dot(tl.trans(xo), (vo.to(tl.float32) * mo[:, None]).to(dt), input_precision=PREC)
         S += tl.dot(tl.trans(xc), (vc.to(tl.float32) * mc[:, None]).to(dt), input_precision=PREC)
@@ -174,24 +192,17 @@ def _wl_fwd_out(Q, XW, VW, ETA, G, HS, O, T, XT, NT, H: tl.constexpr, K: tl.cons
     h = bh % H
     i = tl.arange(0, C)
     c = tl.arange(0, BWc)
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    cv = vb * BV + tl.arange(0, BV)
-    vmask = cv < V
-    rows, rmask, tok, g, eta, u, ur = _chunk_vecs(G, ETA, b, h, n, i, T, H, C, READ_AFTER)
-    otok = (b * XT + n * C + W - 1 + i).to(tl.int64) * H + h
-    ctok = (b * XT + n * C + c).to(tl.int64) * H + h
-    cm = c < W - 1
+    ck, kmask, cv, vmask, soff, smask = _state_tile(vb, bh, K, V, BK, BV)
+    rmask, tok, g, u, ur = _chunk_vecs(G, b, h, n, i, T, H, C, READ_AFTER)
+    eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
+    otok, ctok, cm = _pair_rows(b, h, n, i, c, XT, H, C, W)
     q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
     dt = q.dtype
-    xo = tl.load(XW + otok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
-    xc = tl.load(XW + ctok[:, None] * K + ck[None, :], mask=cm[:, None] & kmask[None, :], other=0.)
-    vo = tl.load(VW + otok[:, None] * V + cv[None, :], mask=rmask[:, None] & vmask[None, :], other=0.)
-    vc = tl.load(VW + ctok[:, None] * V + cv[None, :], mask=cm[:, None] & vmask[None, :], other=0.)
+    xo, xc = _load_pairs(XW, otok, ctok, rmask, cm, ck, kmask, K)
+    vo, vc = _load_pairs(VW, otok, ctok, rmask, cm, cv, vmask, V)
     Po = tl.dot(q, tl.trans(xo), input_precision=PREC) * _band_own(G, ETA, b, h, n, i, g, ur, T, H, C, W, READ_AFTER)
     Pc = tl.dot(q, tl.trans(xc), input_precision=PREC) * _band_carried(i, c, u, eta, ur, C, W, READ_AFTER, BWc)
-    S = tl.load(HS + (bh.to(tl.int64) * NT + n) * K * V + ck[:, None] * V + cv[None, :],
-                mask=kmask[:, None] & vmask[None, :], other=0.)
+    S = tl.load(HS + (bh.to(tl.int64) * NT + n) * K * V + soff, mask=smask, other=0.)
     o = tl.dot(q, S.to(dt), input_precision=PREC) * tl.exp(ur)[:, None]
     o += tl.dot(Po.to(dt), vo, input_precision=PREC)
     o += tl.dot(Pc.to(dt), vc, input_precision=PREC)
@@ -208,12 +219,7 @@ def _wl_bwd_state(Q, G, DO, DST, DHS, DS0, T, NT, H: tl.constexpr, K: tl.constex
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    cv = vb * BV + tl.arange(0, BV)
-    vmask = cv < V
-    smask = kmask[:, None] & vmask[None, :]
-    soff = ck[:, None] * V + cv[None, :]
+    ck, kmask, cv, vmask, soff, smask = _state_tile(vb, bh, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
     if HAS_DST:
         dH = tl.load(DST + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
@@ -222,15 +228,7 @@ def _wl_bwd_state(Q, G, DO, DST, DHS, DS0, T, NT, H: tl.constexpr, K: tl.constex
     for nn in range(0, NT):
         n = NT - 1 - nn
         tl.store(DHS + (bh64 * NT + n) * K * V + soff, dH, mask=smask)
-        rows = n * C + i
-        rmask = rows < T
-        tok = (b * T + rows).to(tl.int64) * H + h
-        g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
-        u = tl.cumsum(g, 0)
-        if READ_AFTER:
-            ur = u
-        else:
-            ur = u - g
+        rmask, tok, g, u, ur = _chunk_vecs(G, b, h, n, i, T, H, C, READ_AFTER)
         q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
         do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=rmask[:, None] & vmask[None, :], other=0.)
         dH = dH * tl.exp(tl.sum(g, 0)) + tl.dot(tl.trans(q), (do.to(tl.float32) * tl.exp(ur)[:, None]).to(q.dtype),
@@ -252,17 +250,15 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
     c = tl.arange(0, BWc)
     ck = tl.arange(0, BK)
     kmask = ck < K
-    rows, rmask, tok, g, eta, u, ur = _chunk_vecs(G, ETA, b, h, n, i, T, H, C, READ_AFTER)
+    rmask, tok, g, u, ur = _chunk_vecs(G, b, h, n, i, T, H, C, READ_AFTER)
+    eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
     uC = tl.sum(g, 0)
-    otok = (b * XT + n * C + W - 1 + i).to(tl.int64) * H + h
-    ctok = (b * XT + n * C + c).to(tl.int64) * H + h
-    cm = c < W - 1
+    otok, ctok, cm = _pair_rows(b, h, n, i, c, XT, H, C, W)
     km = rmask[:, None] & kmask[None, :]
     ckm = cm[:, None] & kmask[None, :]
     q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
     dt = q.dtype
-    xo = tl.load(XW + otok[:, None] * K + ck[None, :], mask=km, other=0.)
-    xc = tl.load(XW + ctok[:, None] * K + ck[None, :], mask=ckm, other=0.)
+    xo, xc = _load_pairs(XW, otok, ctok, rmask, cm, ck, kmask, K)
     # Pᵀ built directly from dots with swapped operands (a transposed [C, C] dot result is never fed to a dot:
     # the Hopper miscompile of Triton 3.4-3.7.0, fla #640). The band matrices and qxᵀ are formed again after the
     # value loop rather than kept live across it (fewer [C, C] fp32 tiles in registers; ours).
@@ -294,8 +290,7 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
         Sd = S.to(dt)
         dHd = dH.to(dt)
         do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
-        vo = tl.load(VW + otok[:, None] * V + cv[None, :], mask=vm, other=0.)
-        vc = tl.load(VW + ctok[:, None] * V + cv[None, :], mask=cvm, other=0.)
+        vo, vc = _load_pairs(VW, otok, ctok, rmask, cm, cv, vmask, V)
         dPo += tl.dot(do, tl.trans(vo), input_precision=PREC)
         dPc += tl.dot(do, tl.trans(vc), input_precision=PREC)
         qS = tl.dot(q, Sd, input_precision=PREC)
