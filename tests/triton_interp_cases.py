@@ -165,19 +165,20 @@ if __name__ == "__main__":
             elif c.get("api"):
                 from falcon_lab.benchmarking.gpu_check import check_api
 
-                banded = bool(c.get("banded"))
-                if banded:  # count the one-scan Falcon-3A kernel's forward calls
-                    import falcon_lab.kernels.triton.ops as ops
+                import falcon_lab.kernels.triton.ops as ops
 
-                    n_wl = [0]
-                    fwd, bwd, shapes = ops._FAMILIES["window_linear"]
+                n_wl = [0]  # the one-scan Falcon-3A kernel's forward calls, for the banded cases
+                family = ops._FAMILIES["window_linear"]
 
-                    def counted(*a, _f=fwd):
-                        n_wl[0] += 1
-                        return _f(*a)
-                    ops._FAMILIES["window_linear"] = (counted, bwd, shapes)
-                res = check_api(variant=c["variant"], dtype=c["dtype"], K=16, dev="cpu", seed=c["seed"])
-                if banded:
+                def counted(*a, _f=family[0]):
+                    n_wl[0] += 1
+                    return _f(*a)
+                ops._FAMILIES["window_linear"] = (counted, *family[1:])
+                try:
+                    res = check_api(variant=c["variant"], dtype=c["dtype"], K=16, dev="cpu", seed=c["seed"])
+                finally:
+                    ops._FAMILIES["window_linear"] = family
+                if c.get("banded"):
                     res["window_linear_calls"] = n_wl[0]
             else:
                 res = decode_case(c) if c.get("decode") else run_case(c)

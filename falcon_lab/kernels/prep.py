@@ -1,7 +1,8 @@
 """The shared pre-step of every backend: pairs, window statistic, NLMS step, decay (kernel-contract.md).
 
 Plain differentiable PyTorch: the chain rules of the shift, the NLMS division, the clamp and the
-window spectral norm μ_t (repeated squaring + Rayleigh quotient, `_largest_eig`) are autograd's. Notation follows falcon-math.md §4:
+window spectral norm μ_t (repeated squaring + Rayleigh quotient, `_largest_eig`) are autograd's.
+Notation follows falcon-math.md §4:
 position t (1-based) writes the pair (x_t, y_t) = (φ(k_{t-1}), v_t) (shift) or (φ(k_t), v_t).
 """
 
@@ -123,9 +124,8 @@ def _largest_eig(gram: torch.Tensor, squarings: Optional[int] = None) -> torch.T
     a top eigenvector v, and the value is its Rayleigh quotient vᵀGv / vᵀv against the original matrix.
     The quotient's error is second order in v's error: the worst case over λ_2/λ_1 after 20 squarings is
     ~(λ_1 - λ_2)(λ_2/λ_1)^(2^21) <= λ_1 / (2^21 e) ~ 2e-7 λ_1, i.e. fp32 rounding (40 squarings in fp64:
-    <= 2e-13 λ_1). v is taken without
-    gradient, so the gradient is v vᵀ / vᵀv, eigvalsh's for a simple top eigenvalue (at an eigenvector the
-    quotient is stationary in v). No host synchronisation and no data-dependent control flow, so it is
+    <= 2e-13 λ_1). v is taken without gradient, so the gradient is v vᵀ / vᵀv, eigvalsh's for a simple top
+    eigenvalue (at an eigenvector the quotient is stationary in v). No host synchronisation and no data-dependent control flow, so it is
     CUDA-graph capturable and compiles; zero matrices give 0. Computed in fp32 at least.
     Why not eigvalsh: cuSOLVER's batched syevj raised "failed to converge" on the H200 in every MQAR run of
     Falcon-3 at B = 8 (2026-12-02, block 9; their windows hold Grams of 8 identical keys, rank 1 with a
@@ -136,16 +136,16 @@ def _largest_eig(gram: torch.Tensor, squarings: Optional[int] = None) -> torch.T
         return g[..., 0, 0].to(gram.dtype)
     if squarings is None:
         squarings = 40 if g.dtype == torch.float64 else 20
-    with torch.autocast(g.device.type, enabled=False), torch.no_grad():
-        p = g.detach()
-        tiny = torch.finfo(p.dtype).tiny
-        for _ in range(squarings):
-            tr = p.diagonal(dim1=-2, dim2=-1).sum(-1).clamp(min=tiny)
-            p = p / tr[..., None, None]
-            p = p @ p
-        col = p.diagonal(dim1=-2, dim2=-1).argmax(-1)  # the column with the largest top-eigenvector weight
-        v = torch.take_along_dim(p, col[..., None, None], dim=-1)  # [.., n, 1]
-    with torch.autocast(g.device.type, enabled=False):
+    with torch.autocast(g.device.type, enabled=False):  # every product in g's dtype
+        with torch.no_grad():
+            p = g.detach()
+            tiny = torch.finfo(p.dtype).tiny
+            for _ in range(squarings):
+                tr = p.diagonal(dim1=-2, dim2=-1).sum(-1).clamp(min=tiny)
+                p = p / tr[..., None, None]
+                p = p @ p
+            col = p.diagonal(dim1=-2, dim2=-1).argmax(-1)  # the column with the largest top-eigenvector weight
+            v = torch.take_along_dim(p, col[..., None, None], dim=-1)  # [.., n, 1]
         num = (v * (g @ v)).sum((-2, -1))
     den = (v * v).sum((-2, -1))
     ok = den > 0

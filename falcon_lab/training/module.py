@@ -40,10 +40,10 @@ def shuffled_words(sentence: str, rng: random.Random) -> str:
     return " ".join(words[::-1])
 
 
-
 def running_best(best: float | None, value: float) -> float | None:
     """The lowest validation loss so far: `value` replaces `best` when lower; a NaN is never the best."""
     return value if value == value and (best is None or value < best) else best
+
 
 class LitLM(L.LightningModule):
     def __init__(self, cfg: dict, vocab_size: int, tokenizer_name: str | dict = "byte"):
