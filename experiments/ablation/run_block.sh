@@ -27,6 +27,7 @@ set -u
 PY=${PYTHON:-python3}
 SMOKE=${SMOKE:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/../h200/device_files.sh"  # split_for_device
 if [ "$SMOKE" = 1 ]; then
   BLOCK=${BLOCK:-smoke}; PAR=${PAR:-2}; DEADLINE_S=${DEADLINE_S:-240}; HARD_S=${HARD_S:-300}
   WORK=${WORK:-/tmp/ablation_smoke}
@@ -112,11 +113,9 @@ pack() {  # small files only: no checkpoints
   (cd "$WORK" && find ml runs logs block.log gpu.csv summary.csv summary.json status.tsv -type f \
       ! -name '*.ckpt' ! -path '*/checkpoints/*' ! -path '*/.hydra/*' 2>/dev/null) > "$WORK/.packlist"
   tar czf "$RESULTS" -C "$WORK" -T "$WORK/.packlist"
-  # the device tool brings back files of at most 16 MiB: a larger archive goes back as RESULTS.part00, .part01, ...
-  # (join them with `cat ablation_bN.tgz.part* | tar xz`); block 9's 23 MB archive was left out whole (2026-12-02)
-  local max=${RESULTS_MAX_BYTES:-15728640}
-  rm -f "$RESULTS".part*
-  if [ "$(stat -c %s "$RESULTS")" -gt "$max" ]; then split -b "$max" -d "$RESULTS" "$RESULTS.part" && rm -f "$RESULTS"; fi
+  # a larger archive goes back in parts (join: `cat ablation_bN.tgz.part* | tar xz`); block 9's 23 MB archive was
+  # left out whole by the device tool (2026-12-02)
+  split_for_device "$RESULTS" "${RESULTS_MAX_BYTES:-15728640}"
 }
 
 # ---- schedule: PAR at a time, nothing new after DEADLINE_S --------------------------------------------------

@@ -39,5 +39,5 @@ step kernels 480 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernel
   --ops falcon-1,falcon-1A,falcon-2,falcon-3,falcon-3A,falcon-3A-banded,falcon-2A,sdpa_flash
 R=${PROVE_RESULTS:-${OUT:?}/prove.tgz}
 tar czf "$R" -C "$W" .
-if [ "$(stat -c %s "$R")" -gt 15728640 ]; then split -b 15728640 -d "$R" "$R.part" && rm -f "$R"; fi
+. "$(dirname "$0")/device_files.sh" && split_for_device "$R"
 echo "prove steps [$STEPS] packed after $(el)s"
