@@ -45,9 +45,11 @@ def _commit():
         return "unknown"
 
 
-def op_variant(op: str) -> str:
-    """The Falcon variant of an op label: falcon-3A -> 3A, falcon-3A-banded -> 3A, torch_chunk_falcon-1 -> 1."""
-    return op.split("-")[1]
+def op_variant(op: str) -> str | None:
+    """The Falcon variant of an op label: falcon-3A -> 3A, falcon-3A-banded -> 3A, torch_chunk_falcon-1 -> 1;
+    None for the baselines (sdpa_flash, fla_chunk_delta_rule)."""
+    parts = op.split("-")
+    return parts[1] if len(parts) > 1 else None
 
 
 def make_inputs(op, B, T, H, K, V, dtype=torch.bfloat16, dev="cuda", seed=0):
@@ -313,7 +315,7 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
         B, T, H, K = shape
         if True:
             key = (op, K)
-            row = dict(op=op, B=B, T=T, H=H, K=K, V=K, window=WINDOW if op_variant(op) in ("3", "3A") and op.startswith("falcon") else 1,
+            row = dict(op=op, B=B, T=T, H=H, K=K, V=K, window=WINDOW if op_variant(op) in ("3", "3A") else 1,
                        dtype="bfloat16", fwd_ms=None, fwdbwd_ms=None, peak_mem_mb=None, **meta)
             if key not in checked:
                 try:

@@ -385,10 +385,11 @@ def window_linear_forward(q, xw, vw, eta, g, S0, *, read_after, C, W, allow_tf32
     HS = torch.empty(B, H, NT, K, V, dtype=torch.float32, device=q.device)
     ST = _empty((B, H, K, V), torch.float32, q.device)
     _wl_fwd_state[(triton.cdiv(V, BV), B * H)](xw, vw, eta, g, S0 if S0 is not None else eta, HS, ST, T, XT, NT,
-                                               H, K, V, C, W, BK, BV, BW, S0 is not None, prec, **st)
+                                               H, K, V, C, W, BK, BV, BW, S0 is not None, prec,
+                                               num_warps=8, **st)
     O = _empty((B, T, H, V), q.dtype, q.device)
     _wl_fwd_out[(triton.cdiv(V, BV), NT, B * H)](q, xw, vw, eta, g, HS, O, T, XT, NT, H, K, V, C, W, BK, BV, BW,
-                                                 read_after, prec, **st)
+                                                 read_after, prec, num_warps=8, **st)
     return O, ST, (HS,)
 
 
