@@ -97,3 +97,20 @@ def test_replicates_group_identical_runs_across_questions():
                      if not any(x in k for x in rep._RUN_KEYS)) for i in ids]
     assert len(params) == 2 and params[0] == params[1]
     assert rep.replicate_table(sets).count("\n") == len(sets) + 1
+
+
+def test_escape_rates_pool_a_configuration_over_seeds_and_blocks():
+    """The share of runs at or above the threshold, per configuration, and Fisher's test on the pooled counts."""
+    from scipy.stats import fisher_exact
+
+    rep = _report()
+    mk = lambda label, arm, seed, vals: dict(label=label, arm=arm, seed=seed,  # noqa: E731
+                                             reps=[dict(value=v) for v in vals])
+    sets = [mk("Falcon-1.3", "variant=1,d=128", "0", [0.99, 0.95]), mk("Falcon-1.3", "variant=1,d=128", "1", [0.2, 0.97]),
+            mk("Falcon-1A.3", "variant=1A,d=128", "0", [0.01, 0.02, 0.9])]
+    rows = rep.escape_rates(sets)
+    assert [(r["label"], r["n"], r["escaped"]) for r in rows] == [("Falcon-1.3", 4, 3), ("Falcon-1A.3", 3, 1)]
+    line = rep.fisher_line(rows, ("Falcon-1.3",), ("Falcon-1A.3",), "a", "b", 128)
+    assert line.startswith("a 3/4 vs b 1/3") and f"p = {fisher_exact([[3, 1], [1, 2]])[1]:.3f}" in line
+    assert rep.fisher_line(rows, ("Falcon-1.3",), ("Falcon-1A.3",), "a", "b", 256) is None  # no runs at that width
+    assert rep.escape_table(rows).count("\n") == len(rows) + 1
