@@ -60,3 +60,12 @@ def test_fused_step_equals_naive_and_chunk_on_cpu(variant):
     torch.testing.assert_close(out, ref, rtol=0, atol=0)  # CPU: the same token recurrence
     ch, _ = chunk_falcon(q, k, v, beta, lam, chunk_size=4, **kw)
     torch.testing.assert_close(ch, ref, rtol=1e-9, atol=1e-10)
+
+
+def test_banded_falcon_3a_avoids_the_chunk_that_failed_on_the_h200():
+    """window_linear's K = 128, C = 64 rows failed on the H200 (2026-12-02); core runs it at C <= 32 above K = 64
+    and keeps the asked chunk elsewhere (the scan is exact at any chunk size)."""
+    from falcon_lab.kernels.triton.window_linear import chunk_for
+
+    assert [chunk_for(128, 64), chunk_for(128, 32), chunk_for(128, 16), chunk_for(64, 64), chunk_for(16, 64)] == \
+        [32, 32, 16, 64, 64]

@@ -8,7 +8,8 @@ What runs where (docs/kernels-triton.md):
   * scalar gates, window W > 1, linear (Falcon-3A): by default the sum of W shifted Falcon-1A scans,
     each one the same Triton kernels (W x the cost of Falcon-1A; proven on the H200); or, asked for with
     FALCON_TRITON_3A=banded / core(fused_window=True), ONE scan with the window as a banded intra-chunk
-    mask (window_linear.py, 2 <= W <= 16): interpreter-tested against float64, not yet run on a GPU;
+    mask (window_linear.py, 2 <= W <= 16): interpreter-tested against float64; on the H200 its bf16 core
+    rows pass except K = 128 at chunk 64 (so it runs at chunk <= 32 above K = 64), fp32 at K = 128 unproven;
   * T = 1 without gradients (decoding): one fused kernel (decode.py); on CUDA used for Falcon-1 and
     Falcon-2A, whose graph-replayed output was checked on the H200; the others decode through the
     torch recurrence unless FALCON_TRITON_UNPROVEN=1 (Falcon-3's graph capture failed there);
@@ -21,8 +22,9 @@ What runs where (docs/kernels-triton.md):
     in the state passes, the rest shared with Falcon-2A. Tested under the interpreter; NOT proven on a
     GPU: off on CUDA unless FALCON_TRITON_UNPROVEN=1 (without it backend=None runs the torch core there).
     On the H200 its bf16 backward crashed at K = V = 128, C = 64 (issue 15: an out-of-range shared/local
-    address in _pcd_bwd_state at 4 warps); the 8-warp launch now used is the candidate fix, unproven until
-    the full `bench check --variants 2` sweep passes there.
+    address in _pcd_bwd_state at 4 warps); with the 8-warp launch now used, every bf16 row of
+    `bench check --variants 2` passes (2026-12-02), but the fp32 row K = V = 16, C = 64 faults (illegal
+    address) in the sweep while the same shape alone passes compute-sanitizer with 0 errors: still unproven.
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
 before triton is first imported (the tests start a subprocess for that).
 """
@@ -37,6 +39,7 @@ import torch
 from ..spec import FalconSpec
 from .decode import decode_step
 from .ops import chunk_core
+from .window_linear import chunk_for as window_chunk_for
 
 __all__ = ["core", "check", "supports", "decode_step", "interpreter_active", "PROVEN_CHUNK", "PROVEN_DECODE"]
 
@@ -56,7 +59,7 @@ _INTERPRET = _read_interpret()
 _UNPROVEN = os.environ.get("FALCON_TRITON_UNPROVEN", "0") == "1"
 _TF32 = os.environ.get("FALCON_TRITON_TF32", "0") == "1"
 # Falcon-3A: "scans" (W Falcon-1A scans, proven on the H200) or "banded" (window_linear.py, one scan with the
-# window as a banded intra-chunk mask: interpreter-tested, not yet run on a GPU). Ours; `core(fused_window=)`
+# window as a banded intra-chunk mask: interpreter-tested, partly proven on the H200). Ours; `core(fused_window=)`
 # overrides it per call.
 _FALCON_3A = os.environ.get("FALCON_TRITON_3A", "scans")
 if _FALCON_3A not in ("scans", "banded"):
@@ -175,7 +178,8 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
         o_e, s = chunk_core(qe, xe, ve, ee, ge, S0, "scalar", (True, read_after, chunk_size, 0, tf32, False, W))
         return o_e.view(B, T, W, H, V)[:, :, 0], s
     if fused_window if fused_window is not None else _FALCON_3A == "banded":
-        return chunk_core(q, xw, vw, eta, g, S0, "window_linear", (read_after, chunk_size, W, tf32))
+        C = window_chunk_for(q.shape[-1], chunk_size)  # K = 128, C = 64 failed on the H200 (window_linear.py)
+        return chunk_core(q, xw, vw, eta, g, S0, "window_linear", (read_after, C, W, tf32))
     # Falcon-3A: S = Σ_m S^(m), scan m writes the pairs W-1-m rows back (falcon-math.md §4.1).
     o_sum, s_sum = None, None
     for m in range(W):

@@ -25,8 +25,12 @@ selection. The carried pairs' gradients land in a small [B·H, NT, 16, K|V] buff
 the previous chunk's rows. Kernels: _wl_fwd_state (sequential over chunks), _wl_fwd_out (per chunk),
 _wl_bwd_state (reverse sequential), _wl_bwd_main (per chunk). W <= 16.
 
-Status: interpreter-tested (tests/test_triton_interp.py, `fused` cases) against the float64 loop; NOT run on a
-GPU, so `core` uses it only when asked (`fused_window=True` or FALCON_TRITON_3A=banded).
+Status: interpreter-tested (tests/test_triton_interp.py, `fused` cases) against the float64 loop. On the H200
+(2026-12-02, 273f685 and 5d7a5d8) `bench check --variants 3A` passed every row at K <= 64 and K = 128 with
+C <= 32 that it reached, and failed at K = 128, C = 64 (see `chunk_for`, which now avoids that chunk); the
+sweep stopped at the first fp32 K = 128 row, so fp32 at K = 128, the public op and decode are unproven and
+`core` uses it only when asked (`fused_window=True` or FALCON_TRITON_3A=banded). Timed at (16, 2048, 12, 64)
+bf16: fwd+bwd 5.40 ms against the W-scans' 7.79 ms (0.69x) and Falcon-1A's 3.73 ms (1.45x), one run.
 """
 
 from __future__ import annotations
@@ -366,6 +370,15 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
     tl.store(DG + tok, dg, mask=rmask)
 
 
+def chunk_for(K: int, C: int) -> int:
+    """The chunk this kernel runs at for head size K when C is asked for (ours). On the H200 (Triton 3.6,
+    2026-12-02, benchmarks/results/h200_logs/kernels_2026-12-02d/) every K = 128, C = 64 row failed in the
+    forward read-out (bf16: o off by 0.4 while S_T and every gradient passed; fp32: an illegal memory access),
+    at 4 warps and at 8, while K = 128 at C = 16 and 32 and K <= 64 at C = 64 passed. The cause is not known,
+    so above K = 64 the chunk is capped at 32: the scan is exact at any chunk size."""
+    return min(C, 32) if K > 64 else C
+
+
 def _tiles(K: int, V: int):
     BK = _np2(K)
     return BK, min(64 if BK <= 64 else 32, _np2(V))
@@ -385,11 +398,10 @@ def window_linear_forward(q, xw, vw, eta, g, S0, *, read_after, C, W, allow_tf32
     HS = torch.empty(B, H, NT, K, V, dtype=torch.float32, device=q.device)
     ST = _empty((B, H, K, V), torch.float32, q.device)
     _wl_fwd_state[(triton.cdiv(V, BV), B * H)](xw, vw, eta, g, S0 if S0 is not None else eta, HS, ST, T, XT, NT,
-                                               H, K, V, C, W, BK, BV, BW, S0 is not None, prec,
-                                               num_warps=8, **st)
+                                               H, K, V, C, W, BK, BV, BW, S0 is not None, prec, **st)
     O = _empty((B, T, H, V), q.dtype, q.device)
     _wl_fwd_out[(triton.cdiv(V, BV), NT, B * H)](q, xw, vw, eta, g, HS, O, T, XT, NT, H, K, V, C, W, BK, BV, BW,
-                                                 read_after, prec, num_warps=8, **st)
+                                                 read_after, prec, **st)
     return O, ST, (HS,)
 
 
