@@ -69,3 +69,33 @@ def test_banded_falcon_3a_avoids_the_chunk_that_failed_on_the_h200():
 
     assert [chunk_for(128, 64), chunk_for(128, 32), chunk_for(128, 16), chunk_for(64, 64), chunk_for(16, 64)] == \
         [32, 32, 16, 64, 64]
+
+
+def test_core_operator_backward_gets_no_zero_gradients_for_unused_outputs(monkeypatch):
+    """The custom operator returns its saved intermediates as outputs; their gradients (and dS_T when S_T is
+    unused) must reach the backward as None, not as zero tensors of their full size, eager and compiled."""
+    from falcon_lab.kernels.triton import ops
+
+    seen = []
+
+    def fwd(q, x, v, eta, g, S0, cfg):
+        return [q * 2.0, q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[-1]), q.new_ones(64, 64)]
+
+    def bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0):
+        seen.append(dST)
+        z = torch.zeros_like
+        return [dO * 2.0, z(x), z(v), z(eta), z(g), None]
+
+    monkeypatch.setitem(ops._FAMILIES, "test_family", (fwd, bwd, lambda q, x, v, cfg: [((64, 64), torch.float32)]))
+    q, x, v = (torch.randn(1, 5, 2, 4, requires_grad=True) for _ in range(3))
+    eta, g = torch.rand(1, 5, 2), torch.rand(1, 5, 2)
+
+    def loss(q):
+        return ops.chunk_core(q, x, v, eta, g, None, "test_family", [0])[0].sum()
+
+    loss(q).backward()
+    torch.testing.assert_close(q.grad, torch.full_like(q, 2.0))
+    q.grad = None
+    torch.compile(loss, backend="aot_eager", fullgraph=True)(q).backward()
+    torch.testing.assert_close(q.grad, torch.full_like(q, 2.0))
+    assert len(seen) == 2 and all(d is None for d in seen), seen

@@ -33,32 +33,33 @@ for delta in (True, False):
     CASES.append(_c(f"{v}-C32-K48-V16", delta=delta, C=32, T=70, K=48, V=16, B=1, seed=2))
     CASES.append(_c(f"{v}-C64-T65", delta=delta, C=64, T=65, B=1, H=1, K=32, V=32, seed=3))
     CASES.append(_c(f"{v}-strong-decay-C64", delta=delta, C=64, T=64, B=1, H=1, strong=True, seed=4))
-    CASES.append(_c(f"{v}-no-S0", delta=delta, s0=False, seed=5))
+    CASES.append(_c(f"{v}-no-S0-no-dST", delta=delta, s0=False, no_dst=True, seed=5))
     CASES.append(_c(f"{v}-fp16", delta=delta, dtype="float16", seed=6))
-CASES.append(_c("F3A-W3-after", delta=False, W=3, seed=7))
+CASES.append(_c("F3A-W3-after-no-dST", delta=False, W=3, no_dst=True, seed=7))
 CASES.append(_c("F3A-W4-before-C32", delta=False, W=4, after=False, C=32, T=45, seed=8))
 # Falcon-3A in one banded scan (window_linear.py, fused_window=True): windows 2-16, every chunk size, awkward T
 CASES.append(_c("F3A-banded-W3-after", delta=False, W=3, seed=7, fused=True))
 CASES.append(_c("F3A-banded-W4-before-C32", delta=False, W=4, after=False, C=32, T=45, seed=8, fused=True))
 CASES.append(_c("F3A-banded-W8-strong-decay", delta=False, W=8, T=50, strong=True, seed=24, fused=True))
-CASES.append(_c("F3A-banded-W16-C32-no-S0", delta=False, W=16, C=32, T=40, B=1, H=1, K=48, V=16, s0=False,
-                seed=25, fused=True))
+CASES.append(_c("F3A-banded-W16-C32-no-S0-no-dST", delta=False, W=16, C=32, T=40, B=1, H=1, K=48, V=16, s0=False,
+                no_dst=True, seed=25, fused=True))
 CASES.append(_c("F3A-banded-W3-C64-T65", delta=False, W=3, C=64, T=65, B=1, H=1, K=16, V=16, seed=27, fused=True))
 CASES.append(_c("F3A-banded-W2-fp16", delta=False, W=2, dtype="float16", seed=26, fused=True))
 CASES.append(_c("F3A-banded-K16-V80-two-value-blocks", delta=False, W=4, T=40, B=1, H=1, K=16, V=80, seed=31,
                 fused=True))
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10))
-CASES.append(_c("F3-W4-C64-strong-decay", delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True, seed=12))
+CASES.append(_c("F3-W4-C64-strong-decay-no-dST", delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True,
+                no_dst=True, seed=12))
 CASES.append(_c("F2A-after", delta=False, per_col=True, seed=13))
 CASES.append(_c("F2A-before-C32-V20", delta=False, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=14))
-CASES.append(_c("F2A-C64-strong-decay-no-S0", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
-                strong=True, s0=False, seed=15))
+CASES.append(_c("F2A-C64-strong-decay-no-S0-no-dST", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
+                strong=True, s0=False, no_dst=True, seed=15))
 CASES.append(_c("F2A-fp16", delta=False, per_col=True, dtype="float16", seed=16))
 CASES.append(_c("F2-after", delta=True, per_col=True, seed=17))
 CASES.append(_c("F2-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=18))
-CASES.append(_c("F2-C64-strong-decay-no-S0", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
-                strong=True, s0=False, seed=19))
+CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
+                strong=True, s0=False, no_dst=True, seed=19))
 CASES.append(_c("F2-fp16", delta=True, per_col=True, dtype="float16", seed=20))
 CASES.append(_c("F2-K48-V80-before", delta=True, per_col=True, after=False, T=50, B=1, H=1, K=48, V=80, seed=22))
 DECODE = []

@@ -1,6 +1,7 @@
 """Cases for tests/test_triton_interp.py, run in a subprocess with TRITON_INTERPRET=1 (set before
 triton is imported). Each case compares backend-triton core against a float64 step-by-step loop,
-forward and backward (q, xw, vw, eta, g, S0 and through S_T). Prints one JSON line per case."""
+forward and backward (q, xw, vw, eta, g, S0 and through S_T, or with S_T unused: `no_dst`). Prints one JSON line
+per case."""
 
 import json
 import os
@@ -36,6 +37,9 @@ def run_case(c):
     gen = torch.Generator().manual_seed(c["seed"] + 7)
     do = torch.randn(o_ref.shape, generator=gen, dtype=torch.float64)
     ds = torch.randn(s_ref.shape, generator=gen, dtype=torch.float64)
+    no_dst = c.get("no_dst", False)  # S_T unused: the op's backward gets no dS_T at all (None, not zeros)
+    if no_dst:
+        ds = torch.zeros_like(ds)
     ref_grads = torch.autograd.grad((o_ref * do).sum() + (s_ref * ds).sum(), ins)
 
     # inputs of the kernel in the case dtype (eta, g, S0 in fp32 as the contract says)
@@ -48,7 +52,8 @@ def run_case(c):
     kins = [qi, xi, vi, ei, gi] + ([si] if si is not None else [])
     o, s = core(qi, xi, vi, ei, gi, si, delta=delta, window=W, read_after=after, chunk_size=C,
                 fused_window=c.get("fused"))
-    grads = torch.autograd.grad((o.double() * do).sum() + (s.double() * ds).sum(), kins)
+    loss = (o.double() * do).sum() + (0 if no_dst else (s.double() * ds).sum())
+    grads = torch.autograd.grad(loss, kins)
 
     def rel(a, b):
         a = a.double()
