@@ -162,9 +162,9 @@ def _setup_context(ctx, inputs, output):
     # Gradients of outputs nobody used arrive as None, not as zero tensors: the saved intermediates (HS, A, WT, R
     # are outputs here only because a custom operator must return them) would otherwise get zero-filled
     # gradients of their full size in every backward (at (16, 2048, 12, 64): ~305 MB for Falcon-1's HS, A, WT, R,
-    # ~104 MB for Falcon-1A's HS, W times that for Falcon-3's expansion; the H200 bench's peak memory rose by 288
-    # and 96 MB when the cores became custom operators), and an unused final state a zero dS_T that the kernels
-    # then read.
+    # ~104 MB for Falcon-1A's HS, W times that for Falcon-3's expansion; the H200 bench's peaks rose by 288 and
+    # 96 MB between f0999d9 and 273f685, across the change to custom operators), and an unused final state a zero
+    # dS_T that the kernels then read.
     ctx.set_materialize_grads(False)
 
 
