@@ -125,8 +125,9 @@ def _largest_eig(gram: torch.Tensor, squarings: Optional[int] = None) -> torch.T
     The quotient's error is second order in v's error: the worst case over λ_2/λ_1 after 20 squarings is
     ~(λ_1 - λ_2)(λ_2/λ_1)^(2^21) <= λ_1 / (2^21 e) ~ 2e-7 λ_1, i.e. fp32 rounding (40 squarings in fp64:
     <= 2e-13 λ_1). v is taken without gradient, so the gradient is v vᵀ / vᵀv, eigvalsh's for a simple top
-    eigenvalue (at an eigenvector the quotient is stationary in v). No host synchronisation and no data-dependent control flow, so it is
-    CUDA-graph capturable and compiles; zero matrices give 0. Computed in fp32 at least.
+    eigenvalue (at an eigenvector the quotient is stationary in v). No host synchronisation and no data-dependent
+    control flow, so it compiles and should be CUDA-graph capturable (capture not yet tried on the GPU; it trained
+    the Falcon-3 B = 8 MQAR runs of block 11 on the H200); zero matrices give 0. Computed in fp32 at least.
     Why not eigvalsh: cuSOLVER's batched syevj raised "failed to converge" on the H200 in every MQAR run of
     Falcon-3 at B = 8 (2026-12-02, block 9; their windows hold Grams of 8 identical keys, rank 1 with a
     7-fold zero eigenvalue: our reading, seen on CPU, not isolated on the GPU), returned
