@@ -99,3 +99,15 @@ def test_context_poisoned_markers(check):
     assert not gpu_check.context_poisoned(torch.OutOfMemoryError("CUDA out of memory."))
     state["poisoned"] = True  # no marker in the message, but the device no longer synchronizes
     assert gpu_check.context_poisoned(ValueError("something else"))
+
+
+def test_rows_runs_the_chosen_rows_with_the_full_runs_numbers_and_seeds(check, tmp_path):
+    """--rows reruns rows alone (or under compute-sanitizer) exactly as they ran in the full list."""
+    gpu_check, state = check
+    state["raise_at"] = {}
+    gpu_check.main(["--out", str(tmp_path), "--quick", "--variants", "1", "--rows", "2-3,12"])
+    rows = json.loads((tmp_path / "triton_check_h200.json").read_text())["rows"]
+    assert [r["row"] for r in rows] == [2, 3, 12] and [r["kind"] for r in rows] == ["core", "core", "api-varlen-continuation"]
+    assert [kw["seed"] for kind, kw in state["calls"] if kind == "core"] == [1, 2]  # the full run's seeds
+    with pytest.raises(SystemExit, match="--rows"):
+        gpu_check.main(["--out", str(tmp_path), "--rows", "2-x"])

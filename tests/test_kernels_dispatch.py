@@ -99,3 +99,43 @@ def test_core_operator_backward_gets_no_zero_gradients_for_unused_outputs(monkey
     torch.compile(loss, backend="aot_eager", fullgraph=True)(q).backward()
     torch.testing.assert_close(q.grad, torch.full_like(q, 2.0))
     assert len(seen) == 2 and all(d is None for d in seen), seen
+
+
+def test_core_runs_the_operator_only_where_something_must_see_it(monkeypatch):
+    """Plain eager calls take the cheaper autograd.Function; under a dispatch mode (selective checkpointing,
+    fake tensors) the registered operator runs, so the mode sees one `falcon_lab::chunk_core_fwd`. Both give
+    the family's forward and backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from falcon_lab.kernels.triton import ops
+
+    def fwd(q, x, v, eta, g, S0, cfg):
+        return [q * 3.0, q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[-1]), q.new_ones(4)]
+
+    def bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0):
+        z = torch.zeros_like
+        return [dO * 3.0, z(x), z(v), z(eta), z(g), None]
+
+    monkeypatch.setitem(ops._FAMILIES, "test_family", (fwd, bwd, lambda q, x, v, cfg: [((4,), torch.float32)]))
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, x, v = (torch.randn(1, 5, 2, 4, requires_grad=True) for _ in range(3))
+    eta, g = torch.rand(1, 5, 2), torch.rand(1, 5, 2)
+    o, _ = ops.chunk_core(q, x, v, eta, g, None, "test_family", [0])
+    assert type(o.grad_fn).__name__ == "_ChunkCoreBackward"
+    o.sum().backward()
+    torch.testing.assert_close(q.grad, torch.full_like(q, 3.0))
+    q.grad = None
+    with Seen() as mode:
+        o, _ = ops.chunk_core(q, x, v, eta, g, None, "test_family", [0])
+    assert "falcon_lab.chunk_core_fwd.default" in mode.ops, mode.ops
+    o.sum().backward()
+    torch.testing.assert_close(q.grad, torch.full_like(q, 3.0))

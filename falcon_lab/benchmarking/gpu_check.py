@@ -182,7 +182,12 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a few configurations only")
     ap.add_argument("--final", action="store_true", help="the shortest list (one device call)")
     ap.add_argument("--variants", default="1,1A,3A,2,2A,3", help="comma-separated subset, e.g. 3,2A")
+    ap.add_argument("--rows", default=None,
+                    help="run only these rows of the list, by their number in a full run (core rows first, then "
+                         "api, then decode; seeds unchanged), e.g. 2-10,12-14 (to rerun rows alone or under "
+                         "compute-sanitizer)")
     args = ap.parse_args(argv)
+    wanted = _parse_rows(args.rows)
     torch.backends.cuda.matmul.allow_tf32 = False
     import falcon_lab.kernels.triton as kt
     from falcon_lab.kernels.triton import supports
@@ -234,8 +239,15 @@ def main(argv=None):
         cfgs.append(dict(variant=variant, B=1, T=640, H=2, K=64, V=64, C=64, dtype="float32", strong=True))
     poisoned = []  # [label of the row whose error poisoned the CUDA context], at most one
 
+    number = [0]  # the row's number in the full list, whether or not --rows runs it
+
     def run_row(row, label, fn, judge, not_implemented_ok=False):
         """Run one row (fn() -> errors; judge(errors) -> ok) unless an earlier row poisoned the context."""
+        number[0] += 1
+        if wanted is not None and number[0] not in wanted:
+            return
+        row["row"] = number[0]
+        label = f"{number[0]} {label}"
         if poisoned:
             row.update(status=f"not run: CUDA context poisoned by row {poisoned[0]}")
         else:
@@ -262,21 +274,22 @@ def main(argv=None):
         spec = FalconSpec.from_variant(c["variant"])
         row = dict(kind="core", **c)
         if not supports(spec, window=4):
+            number[0] += 1
             row.update(status="not implemented in Triton")
             rows.append(row)
             continue
-        run_row(row, f"{len(rows) + 1} (core {c})", lambda c=c, i=i: check_core(seed=i, **c),
+        run_row(row, f"(core {c})", lambda c=c, i=i: check_core(seed=i, **c),
                 tol_judge(c["dtype"], lambda k: k in ("o", "S_T")))
     api_cfgs = [("1", "bfloat16"), ("3A", "float32"), ("3", "bfloat16"), ("2A", "float32")] if args.final else \
         [(v, d) for v in only for d in ("bfloat16", "float32")]
     for variant, dtype in api_cfgs:
         row = dict(kind="api-varlen-continuation", variant=variant, dtype=dtype, K=64)
-        run_row(row, f"{len(rows) + 1} (api {variant} {dtype})",
+        run_row(row, f"(api {variant} {dtype})",
                 lambda variant=variant, dtype=dtype: check_api(variant=variant, dtype=dtype, K=64),
                 tol_judge(dtype, lambda k: k.startswith("o")), not_implemented_ok=True)
     for variant in (("1", "2A", "3") if args.final else only):
         row = dict(kind="decode-cuda-graph", variant=variant, dtype="float32", K=64)
-        run_row(row, f"{len(rows) + 1} (decode-graph {variant})",
+        run_row(row, f"(decode-graph {variant})",
                 lambda variant=variant: check_decode_graph(variant=variant), lambda res: res["o_graph_decode"] <= 1e-4)
 
     meta = write()
@@ -285,6 +298,19 @@ def main(argv=None):
     if poisoned:
         print(f"STOPPED: row {poisoned[0]} poisoned the CUDA context; the rows after it were not run", flush=True)
     return n_fail
+
+
+def _parse_rows(spec):
+    """"2-10,12,14-25" -> {2, ..., 10, 12, 14, ..., 25}; None -> None (every row)."""
+    if spec is None:
+        return None
+    out = set()
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise SystemExit(f"--rows: {part!r} is not a row number or a range a-b")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def to_markdown(meta, rows):

@@ -14,6 +14,14 @@ in one scan, opt-in until proven on a GPU); `cfg` is its integer configuration
 (for the fake tensors compile traces with). The inputs q, x, v, eta, g are saved by autograd itself;
 only the family's intermediate tensors are extra outputs (custom operators may not return views of their
 inputs, so unused slots are empty tensors).
+
+Plain eager calls (no torch.compile tracing, no dispatch mode active) skip the operator and run the same family
+functions through a `torch.autograd.Function` (ours): a custom operator with `register_autograd` costs about
+2.5x an autograd.Function's CPU time per forward+backward (718 vs 270 us on a 2-core CPU,
+experiments/h200/custom_op_overhead.py), and at (16, 2048, 12, 64) on the H200 the Falcon ops are bound by the
+host, not by their kernels (experiments/h200/NEXT.md). Under torch.compile, selective checkpointing
+(`FalconMixer.recompute`, which keeps `falcon_lab::chunk_core_fwd`'s outputs), fake tensors or any other
+TorchDispatchMode the registered operator runs, so those still see one opaque op.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .chunk import chunk_backward, chunk_forward
 from .percol import percol_backward, percol_forward
@@ -137,12 +146,16 @@ def _(q, x, v, eta, g, S0, family, cfg):
     return [O, ST] + [q.new_empty(s, dtype=d) for s, d in _FAMILIES[family][2](q, x, v, list(cfg))]
 
 
+def _family_bwd(q, x, v, eta, g, saved, dO, dST, family, cfg, need_ds0):
+    dST = dST.contiguous().float() if dST is not None else None
+    return _FAMILIES[family][1](q, x, v, eta, g, list(saved), dO.contiguous(), dST, cfg, need_ds0)
+
+
 @torch.library.custom_op("falcon_lab::chunk_core_bwd", mutates_args=())
 def chunk_core_bwd(q: torch.Tensor, x: torch.Tensor, v: torch.Tensor, eta: torch.Tensor, g: torch.Tensor,
                    saved: List[torch.Tensor], dO: torch.Tensor, dST: Optional[torch.Tensor], family: str,
                    cfg: List[int], need_ds0: bool) -> List[torch.Tensor]:
-    dST = dST.contiguous().float() if dST is not None else None
-    grads = _FAMILIES[family][1](q, x, v, eta, g, list(saved), dO.contiguous(), dST, list(cfg), need_ds0)
+    grads = _family_bwd(q, x, v, eta, g, saved, dO, dST, family, list(cfg), need_ds0)
     dS0 = grads[5] if grads[5] is not None else q.new_empty(0, dtype=torch.float32)
     return [*grads[:5], dS0]
 
@@ -168,21 +181,44 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grads):
+def _grads(ctx, dO, dST, bwd):
+    """The core's input gradients from dO, dS_T (either may be None) through `bwd` (the backward operator or
+    the family's function itself): what both the operator's autograd and the eager Function return."""
     q, x, v, eta, g, *saved = ctx.saved_tensors
-    dO, dST = grads[0], grads[1]
     if dO is None:
         dO = torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=_out_dtype(q, ctx.family, ctx.cfg), device=q.device)
     need_ds0 = bool(ctx.has_s0 and ctx.needs_input_grad[5])
-    dq, dx, dv, deta, dg, dS0 = chunk_core_bwd(q, x, v, eta, g, saved, dO, dST, ctx.family, ctx.cfg,
-                                                need_ds0)
+    dq, dx, dv, deta, dg, dS0 = bwd(q, x, v, eta, g, saved, dO, dST, ctx.family, ctx.cfg, need_ds0)
     return dq, dx, dv, deta, dg, (dS0 if need_ds0 else None), None, None
+
+
+def _backward(ctx, grads):
+    return _grads(ctx, grads[0], grads[1], chunk_core_bwd)
 
 
 chunk_core_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _ChunkCore(torch.autograd.Function):
+    """The operator's forward and backward without the operator's dispatch (plain eager calls only)."""
+
+    @staticmethod
+    def forward(ctx, q, x, v, eta, g, S0, family, cfg):
+        out = _FAMILIES[family][0](q, x, v, eta, g, S0, cfg)
+        _setup_context(ctx, (q, x, v, eta, g, S0, family, cfg), out)
+        return out[0], out[1]
+
+    @staticmethod
+    def backward(ctx, dO, dST):
+        return _grads(ctx, dO, dST, _family_bwd)
+
+
 def chunk_core(q, x, v, eta, g, S0, family: str, cfg) -> tuple:
-    """(O, S_T) of one Triton kernel family through the custom operator."""
-    out = chunk_core_fwd(q, x, v, eta, g, S0, family, [int(c) for c in cfg])
-    return out[0], out[1]
+    """(O, S_T) of one Triton kernel family: through the custom operator while torch.compile traces or a
+    dispatch mode is active (selective checkpointing, fake tensors), else through `_ChunkCore` (same functions,
+    less host time)."""
+    cfg = [int(c) for c in cfg]
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        out = chunk_core_fwd(q, x, v, eta, g, S0, family, cfg)
+        return out[0], out[1]
+    return _ChunkCore.apply(q, x, v, eta, g, S0, family, cfg)

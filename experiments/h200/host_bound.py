@@ -1,0 +1,158 @@
+"""Is a Falcon op bound by the host (Python, dispatch, launches) or by its kernels? One process, one GPU, alone.
+
+For each op and shape, forward+backward, bf16, same inputs as `falcon_lab.bench kernels`:
+  * `bench_ms`: triton.testing.do_bench's median (what the kernel benchmark reports);
+  * `host_ms`:  host time per call with the GPU never waited for (N calls submitted back to back, then one sync:
+                the time to *submit* one call). When host_ms >= the GPU's busy time the GPU waits for the host;
+  * `gpu_ms`:   the GPU's busy time per call (sum of the device kernels' durations in a torch.profiler trace);
+  * `peak_mb`:  peak allocated memory of one forward+backward.
+Variants of the Falcon ops, each its own row, in the same run:
+  * `eager_path=function|operator`: the Triton core through its autograd.Function (the default for plain eager
+    calls since this script was written) or forced through the `falcon_lab::chunk_core_fwd` custom operator (the
+    default before);
+  * `prep=torch|triton` (when falcon_lab has the fused prep): the op's prep as PyTorch or as the Triton kernels.
+Run on the GPU machine from the repo root:
+    python3 experiments/h200/host_bound.py --out $OUT/host_bound
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from falcon_lab.benchmarking.kernels import _commit, make_fn, make_inputs
+
+SHAPES = [(16, 2048, 12, 64), (1, 32768, 6, 128)]
+OPS = ["falcon-1", "falcon-1A", "fla_chunk_delta_rule", "sdpa_flash"]
+
+
+@contextlib.contextmanager
+def eager_path(path: str):
+    """Force the Triton core's eager calls through the custom operator ("operator") or leave the default."""
+    import falcon_lab.kernels.triton as kt
+    from falcon_lab.kernels.triton import ops
+
+    if path == "function":
+        yield
+        return
+
+    def via_operator(q, x, v, eta, g, S0, family, cfg):
+        out = ops.chunk_core_fwd(q, x, v, eta, g, S0, family, [int(c) for c in cfg])
+        return out[0], out[1]
+
+    prev = kt.chunk_core
+    kt.chunk_core = via_operator
+    try:
+        yield
+    finally:
+        kt.chunk_core = prev
+
+
+@contextlib.contextmanager
+def prep_path(path: str):
+    """prep="torch" forces the PyTorch prep where falcon_lab has a fused one (no-op otherwise)."""
+    import falcon_lab.kernels.api as api
+
+    if path == "default" or not hasattr(api, "_FUSED_PREP"):
+        yield
+        return
+    prev = api._FUSED_PREP
+    api._FUSED_PREP = path == "triton"
+    try:
+        yield
+    finally:
+        api._FUSED_PREP = prev
+
+
+def measure(op, shape, n_host=30):
+    import triton
+
+    B, T, H, K = shape
+    ins = [t.requires_grad_(True) for t in make_inputs(op, B, T, H, K, K)]
+    fn = make_fn(op)
+    do = torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16)
+
+    def fb():
+        fn(*ins).backward(do)
+
+    bench = triton.testing.do_bench(fb, warmup=25, rep=100, grad_to_none=ins, return_mode="median")
+    for _ in range(3):
+        fb()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n_host):
+        for t in ins:
+            t.grad = None
+        fb()
+    host = (time.perf_counter() - t0) / n_host * 1e3
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / n_host * 1e3
+    from torch.profiler import ProfilerActivity, profile
+
+    n_prof = 5
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n_prof):
+            for t in ins:
+                t.grad = None
+            fb()
+        torch.cuda.synchronize()
+    gpu_us = sum(e.self_device_time_total for e in prof.key_averages())
+    n_kernels = sum(e.count for e in prof.key_averages() if e.self_device_time_total > 0) / n_prof
+    for t in ins:
+        t.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fb()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 2 ** 20
+    return dict(bench_ms=round(bench, 4), host_ms=round(host, 4), wall_ms=round(wall, 4),
+                gpu_ms=round(gpu_us / n_prof / 1e3, 4), gpu_kernels_per_call=round(n_kernels, 1),
+                peak_mb=round(peak, 1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ops", default=",".join(OPS))
+    a = ap.parse_args()
+    import triton
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                commit=_commit())
+    import falcon_lab.kernels.api as api
+
+    preps = ["triton", "torch"] if hasattr(api, "_FUSED_PREP") else ["default"]
+    rows = []
+    for shape in SHAPES:
+        for op in a.ops.split(","):
+            combos = [(p, e) for p in preps for e in ("function", "operator")] if op.startswith("falcon") \
+                else [("-", "-")]
+            for prep, path in combos:
+                row = dict(op=op, shape=list(shape), prep=prep, eager_path=path, **meta)
+                try:
+                    with prep_path(prep if prep != "-" else "default"), eager_path(path if path != "-" else "function"):
+                        row.update(measure(op, shape))
+                except Exception as e:  # noqa: BLE001 - a failing row is reported, the run goes on
+                    row["error"] = f"{type(e).__name__}: {e}"[:300]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                (out / "host_bound.json").write_text(json.dumps(rows, indent=1))
+                torch.cuda.empty_cache()
+    lines = [f"{meta}", "", "| op | shape | prep | eager path | bench ms | host ms | GPU busy ms | kernels/call | peak MB |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['op']} | {'x'.join(map(str, r['shape']))} | {r['prep']} | {r['eager_path']} | "
+                     f"{r.get('bench_ms')} | {r.get('host_ms')} | {r.get('gpu_ms')} | {r.get('gpu_kernels_per_call')} | "
+                     f"{r.get('peak_mb')} | {r.get('error', '')}")
+    (out / "host_bound.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
