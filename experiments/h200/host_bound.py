@@ -10,9 +10,10 @@ Variants of the Falcon ops, each its own row, in the same run:
   * `eager_path=function|operator`: the Triton core through its autograd.Function (the default for plain eager
     calls since this script was written) or forced through the `falcon_lab::chunk_core_fwd` custom operator (the
     default before);
-  * `prep=torch|triton` (when falcon_lab has the fused prep): the op's prep as PyTorch or as the Triton kernels.
+  * `prep=fused|torch`: the op's prep as the Triton kernels (kernels/triton/prep.py; run with
+    FALCON_TRITON_UNPROVEN=1 until PROVEN_PREP) or as PyTorch (kernels/prep.py).
 Run on the GPU machine from the repo root:
-    python3 experiments/h200/host_bound.py --out $OUT/host_bound
+    FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/host_bound.py --out $OUT/host_bound
 """
 from __future__ import annotations
 
@@ -54,18 +55,16 @@ def eager_path(path: str):
 
 @contextlib.contextmanager
 def prep_path(path: str):
-    """prep="torch" forces the PyTorch prep where falcon_lab has a fused one (no-op otherwise)."""
-    import falcon_lab.kernels.api as api
+    """The Triton backend's prep for window 1: "fused" (kernels/triton/prep.py) or "torch" (kernels/prep.py).
+    The fused one runs on CUDA where PROVEN_PREP or FALCON_TRITON_UNPROVEN=1."""
+    import falcon_lab.kernels.triton as kt
 
-    if path == "default" or not hasattr(api, "_FUSED_PREP"):
-        yield
-        return
-    prev = api._FUSED_PREP
-    api._FUSED_PREP = path == "triton"
+    prev = kt._PREP
+    kt._PREP = path
     try:
         yield
     finally:
-        api._FUSED_PREP = prev
+        kt._PREP = prev
 
 
 def measure(op, shape, n_host=30):
@@ -125,18 +124,22 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 commit=_commit())
-    import falcon_lab.kernels.api as api
-
-    preps = ["triton", "torch"] if hasattr(api, "_FUSED_PREP") else ["default"]
     rows = []
     for shape in SHAPES:
         for op in a.ops.split(","):
-            combos = [(p, e) for p in preps for e in ("function", "operator")] if op.startswith("falcon") \
+            combos = [("fused", "function"), ("torch", "function"), ("torch", "operator")] if op.startswith("falcon") \
                 else [("-", "-")]
             for prep, path in combos:
                 row = dict(op=op, shape=list(shape), prep=prep, eager_path=path, **meta)
                 try:
-                    with prep_path(prep if prep != "-" else "default"), eager_path(path if path != "-" else "function"):
+                    with prep_path(prep if prep != "-" else "fused"), eager_path(path if path != "-" else "function"):
+                        if op.startswith("falcon"):  # what the op's dispatch says it runs, not what was asked
+                            import falcon_lab.kernels.triton as kt
+                            from falcon_lab.benchmarking.kernels import op_variant
+                            from falcon_lab.kernels.spec import FalconSpec
+
+                            row["prep_used"] = kt.prep_check(FalconSpec.from_variant(op_variant(op)), window=1,
+                                                             dtype=torch.bfloat16)[1]
                         row.update(measure(op, shape))
                 except Exception as e:  # noqa: BLE001 - a failing row is reported, the run goes on
                     row["error"] = f"{type(e).__name__}: {e}"[:300]

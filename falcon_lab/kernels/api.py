@@ -125,6 +125,13 @@ def _state_structure(st, N, H, K, V, W, q) -> list:
     return out
 
 
+def _fused_prep(spec, W, q) -> bool:
+    """Whether the Triton backend's fused prep prepares this call (falcon_lab/kernels/triton: prep_check)."""
+    from .triton import prep_check
+
+    return prep_check(spec, window=W, dtype=q.dtype, device_type=q.device.type)[0]
+
+
 def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read, eps, eps_gamma,
             initial_state, output_final_state, cu_seqlens, chunk_size, backend, mode):
     _check(q, k, v, beta, lam, variant, window, step, lam_mode, shift, read, eps, eps_gamma,
@@ -146,16 +153,22 @@ def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read,
     cd = torch.float64 if q.dtype == torch.float64 else torch.float32
     st = initial_state
     seen = st.seen.to(q.device) if st is not None else torch.zeros(Bsz, dtype=torch.long, device=q.device)
-    inp = prepare(k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
-                  shift=shift, eps=eps, eps_gamma=eps_gamma, seen=seen,
-                  last_k=st.last_k if st is not None else None,
-                  tail_x=st.tail_x if st is not None else None,
-                  tail_v=st.tail_v if st is not None else None, valid=valid)
     S0 = st.S.to(cd) if st is not None else None
     grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, beta, lam, *([S0] if S0 is not None else [])))
-    core = select(spec, q, window=W, grad=grad, backend=backend, step=(mode == "step")).core
-    o, S = core(q, inp.xw, inp.vw, inp.eta, inp.g, S0, delta=delta, window=W, read_after=(read == "after"),
+    choice = select(spec, q, window=W, grad=grad, backend=backend, step=(mode == "step"))
+    if choice.label == "triton" and _fused_prep(spec, W, q):
+        from .triton import fused_prepare
+
+        inp = fused_prepare(k, v, beta, lam, shift=shift, step=step, lam_mode=lam_mode, eps=eps, eps_gamma=eps_gamma,
+                            seen=seen, last_k=st.last_k if st is not None else None, valid=valid)
+    else:
+        inp = prepare(k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
+                      shift=shift, eps=eps, eps_gamma=eps_gamma, seen=seen,
+                      last_k=st.last_k if st is not None else None,
+                      tail_x=st.tail_x if st is not None else None,
+                      tail_v=st.tail_v if st is not None else None, valid=valid)
+    o, S = choice.core(q, inp.xw, inp.vw, inp.eta, inp.g, S0, delta=delta, window=W, read_after=(read == "after"),
                 chunk_size=chunk_size)
     final = None
     if output_final_state:

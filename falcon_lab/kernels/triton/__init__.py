@@ -38,10 +38,12 @@ import torch
 
 from ..spec import FalconSpec
 from .decode import decode_step
-from .ops import chunk_core
+from .ops import chunk_core, plain_eager
+from .prep import fused_prepare
 from .window_linear import chunk_for as window_chunk_for
 
-__all__ = ["core", "check", "supports", "decode_step", "interpreter_active", "PROVEN_CHUNK", "PROVEN_DECODE"]
+__all__ = ["core", "check", "supports", "decode_step", "interpreter_active", "prep_check", "fused_prepare",
+           "PROVEN_CHUNK", "PROVEN_DECODE", "PROVEN_PREP"]
 
 
 def _read_interpret() -> bool:
@@ -64,6 +66,11 @@ _TF32 = os.environ.get("FALCON_TRITON_TF32", "0") == "1"
 _FALCON_3A = os.environ.get("FALCON_TRITON_3A", "scans")
 if _FALCON_3A not in ("scans", "banded"):
     raise ValueError(f"FALCON_TRITON_3A must be 'scans' or 'banded', got {_FALCON_3A!r}")
+# The op's prep for window 1 with the Triton backend: "fused" (prep.py here, one kernel each way, plain eager calls)
+# or "torch" (falcon_lab/kernels/prep.py, always used under torch.compile and for windows > 1). Ours.
+_PREP = os.environ.get("FALCON_TRITON_PREP", "fused")
+if _PREP not in ("fused", "torch"):
+    raise ValueError(f"FALCON_TRITON_PREP must be 'fused' or 'torch', got {_PREP!r}")
 
 
 def interpreter_active() -> bool:
@@ -84,6 +91,25 @@ PROVEN_CHUNK = {"1", "1A", "3A", "3", "2A"}  # Falcon-3 with a window dividing 1
 # The fused decode step's graph-replayed output was checked for Falcon-1 and Falcon-2A only; the
 # Falcon-3 capture failed (cudaErrorStreamCaptureInvalidated) and 1A, 2, 3A were not reached.
 PROVEN_DECODE = {"1", "2A"}
+
+
+# The fused prep (prep.py) on the H200: not yet run there (on CUDA only with FALCON_TRITON_UNPROVEN=1).
+PROVEN_PREP = False
+
+
+def prep_check(spec: FalconSpec, *, window: int, dtype: torch.dtype, device_type: str = "cuda") -> tuple[bool, str]:
+    """(whether a Triton-backend call prepares its core inputs with the fused prep kernels, why)."""
+    if _PREP != "fused":
+        return False, "FALCON_TRITON_PREP=torch"
+    if spec.window(window) != 1:
+        return False, "the fused prep covers window 1 (the window statistic and tail stay PyTorch)"
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return False, f"the fused prep computes in fp32 at most, got {dtype}"
+    if not plain_eager():
+        return False, "torch.compile / a dispatch mode: the PyTorch prep is traced (Inductor fuses it)"
+    if device_type == "cuda" and not (PROVEN_PREP or _unproven_enabled()):
+        return False, "the fused prep is not proven on the H200 (FALCON_TRITON_UNPROVEN=1 runs it anyway)"
+    return True, "fused prep kernels"
 
 
 def check(spec: FalconSpec, *, window: int, T: int = 2, grad: bool = True,

@@ -213,12 +213,18 @@ class _ChunkCore(torch.autograd.Function):
         return _grads(ctx, dO, dST, _family_bwd)
 
 
+def plain_eager() -> bool:
+    """True outside torch.compile tracing and with no TorchDispatchMode active: where the Triton backend may run
+    its kernels through autograd.Functions (the core's `_ChunkCore`, the fused prep) instead of the operator."""
+    return not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
+
+
 def chunk_core(q, x, v, eta, g, S0, family: str, cfg) -> tuple:
     """(O, S_T) of one Triton kernel family: through the custom operator while torch.compile traces or a
     dispatch mode is active (selective checkpointing, fake tensors), else through `_ChunkCore` (same functions,
     less host time)."""
     cfg = [int(c) for c in cfg]
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+    if not plain_eager():
         out = chunk_core_fwd(q, x, v, eta, g, S0, family, cfg)
         return out[0], out[1]
     return _ChunkCore.apply(q, x, v, eta, g, S0, family, cfg)
