@@ -10,9 +10,12 @@ What runs where (docs/kernels-triton.md):
     FALCON_TRITON_3A=banded / core(fused_window=True), ONE scan with the window as a banded intra-chunk
     mask (window_linear.py, 2 <= W <= 16): interpreter-tested against float64; on the H200 its bf16 core
     rows pass except K = 128 at chunk 64 (so it runs at chunk <= 32 above K = 64), fp32 at K = 128 unproven;
-  * T = 1 without gradients (decoding): one fused kernel (decode.py); on CUDA used for Falcon-1 and
-    Falcon-2A, whose graph-replayed output was checked on the H200; the others decode through the
-    torch recurrence unless FALCON_TRITON_UNPROVEN=1 (Falcon-3's graph capture failed there);
+  * T = 1 without gradients (decoding): one fused kernel (decode.py); on CUDA used for Falcon-1, -1A, -2 and
+    -2A, whose graph-replayed output was checked on the H200; 3 and 3A decode through the torch recurrence
+    unless FALCON_TRITON_UNPROVEN=1 (Falcon-3's graph capture failed there once, with cuSOLVER, since removed);
+  * the op's prep for window 1 (Falcon-1, -1A, -2, -2A) in plain eager calls: one fused kernel each way
+    (prep.py here; proven on the H200 2026-12-02 through the public op's rows of `bench check`); windows > 1
+    and torch.compile use the PyTorch prep (falcon_lab/kernels/prep.py);
   * scalar gates, window W > 1, delta (Falcon-3), W dividing 16: the same chunk kernels on the
     pseudo-token expansion (falcon-math.md §6.6: T·W pseudo-tokens, block-strict mask so every residual
     of a step uses S_{t-1}). Proven on the H200 (W = 4, bf16 and fp32, fwd+bwd, through the op);
@@ -22,9 +25,11 @@ What runs where (docs/kernels-triton.md):
     in the state passes, the rest shared with Falcon-2A. Tested under the interpreter; NOT proven on a
     GPU: off on CUDA unless FALCON_TRITON_UNPROVEN=1 (without it backend=None runs the torch core there).
     On the H200 its bf16 backward crashed at K = V = 128, C = 64 (issue 15: an out-of-range shared/local
-    address in _pcd_bwd_state at 4 warps); with the 8-warp launch now used, every bf16 row of
-    `bench check --variants 2` passes (2026-12-02), but the fp32 row K = V = 16, C = 64 faults (illegal
-    address) in the sweep while the same shape alone passes compute-sanitizer with 0 errors: still unproven.
+    address in _pcd_bwd_state at 4 warps); with the 8-warp launch now used, 24 of the 25 rows of
+    `bench check --variants 2` pass (2026-12-02, 9549d0c, the whole sweep in one process, no fault), but the
+    fp32 row K = V = 16, C = 64 is wrong in every gradient that _pcd_bwd_state feeds (dx, dv, dη, dg, dS0 at
+    1.1e-4 to 1.6e-4 against 3e-7 in every other fp32 row; the same row is 3.7e-7 under the interpreter):
+    still unproven.
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
 before triton is first imported (the tests start a subprocess for that).
 """
@@ -88,13 +93,17 @@ def _unproven_enabled() -> bool:
 # Variants proven on the H200 (torch 2.11, Triton 3.6) against the float64 loop, forward and backward,
 # bf16 and fp32, NaN-poisoned outputs: benchmarks/results/triton_check_h200_final.md (commit 9f41112).
 PROVEN_CHUNK = {"1", "1A", "3A", "3", "2A"}  # Falcon-3 with a window dividing 16
-# The fused decode step's graph-replayed output was checked for Falcon-1 and Falcon-2A only; the
-# Falcon-3 capture failed (cudaErrorStreamCaptureInvalidated) and 1A, 2, 3A were not reached.
-PROVEN_DECODE = {"1", "2A"}
+# The fused decode step's graph-replayed output was checked for Falcon-1 and Falcon-2A (run 4), Falcon-1A and
+# Falcon-2 (2026-12-02, kernels_2026-12-02e: `bench check` decode-graph rows, 1.3e-7 and 1.4e-7); the Falcon-3
+# capture failed once (cudaErrorStreamCaptureInvalidated, with cuSOLVER in the prep) and 3A was not reached.
+PROVEN_DECODE = {"1", "1A", "2", "2A"}
 
 
-# The fused prep (prep.py) on the H200: not yet run there (on CUDA only with FALCON_TRITON_UNPROVEN=1).
-PROVEN_PREP = False
+# The fused prep (prep.py) on the H200 (torch 2.11, Triton 3.6, 2026-12-02 at 9549d0c): every public-op row of
+# `bench check` (ragged cu_seqlens, continuation from a state, bf16 and fp32, gradients of q, k, v, beta, lam) for
+# Falcon-1, -1A, -2A and -2 and their CUDA-graph decode rows passed with it, and `bench kernels` checked every
+# window-1 op against float64 before timing it: benchmarks/results/h200_logs/kernels_2026-12-02e/.
+PROVEN_PREP = True
 
 
 def prep_check(spec: FalconSpec, *, window: int, dtype: torch.dtype, device_type: str = "cuda") -> tuple[bool, str]:

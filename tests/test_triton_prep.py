@@ -1,0 +1,61 @@
+"""The fused window-1 prep (falcon_lab/kernels/triton/prep.py) under the Triton interpreter, against the PyTorch prep
+in float64 (tests/triton_prep_cases.py), and where the Triton backend uses it (falcon_lab.kernels.triton.prep_check)."""
+import itertools
+
+import pytest
+import torch
+
+from interp_helpers import case_result, run_interp_cases
+
+
+def _case(i, per_col, shift, step, lam_mode, last_k, seen, valid):
+    return dict(id=f"{'F2' if per_col else 'F1'}-{'shift' if shift else 'noshift'}-{step}-{lam_mode}"
+                   f"{'-lastk' if last_k else ''}{f'-seen{seen}' if seen else ''}{'-valid' if valid else ''}",
+                B=2, T=9, H=3, K=5 + 11 * (i % 2), V=6, per_col=per_col, shift=shift, step=step, lam_mode=lam_mode,
+                last_k=last_k, seen=seen, valid=valid, lam_max=3.0 if lam_mode == "scaled" else 0.9, seed=i)
+
+
+# every knob value at least twice, every pair of (per_col, shift, step, lam_mode) once; the carried key, a
+# continued row (seen > 0) and right padding (varlen) spread over them
+CASES = [_case(i, pc, sh, st, lm, i % 3 == 0, 3 * (i % 2), i % 4 == 1)
+         for i, (pc, sh, st, lm) in enumerate(itertools.product((False, True), (True, False), ("nlms", "direct"),
+                                                               ("scaled", "absolute")))]
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_interp_cases("triton_prep_cases.py", CASES, timeout=600)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_fused_prep_matches_float64_as_well_as_the_torch_prep(results, case):
+    """Each output and gradient of the fused prep in fp32 is as close to the float64 prep as the PyTorch prep in fp32
+    is (within 4x, plus 5e-6: the two sum ||x||² in different orders)."""
+    res = case_result(results, case["id"])
+    assert set(res) >= {"x", "eta", "g", "stat", "dk", "dbeta", "dlam"}
+    for name, e in res.items():
+        assert e["fused"] <= 4 * e["torch"] + 5e-6, f"{name}: fused {e['fused']:.2e} vs torch {e['torch']:.2e}"
+        assert e["fused"] <= 2e-5, f"{name}: {e['fused']:.2e}"
+
+
+def test_the_triton_backend_uses_the_fused_prep_where_it_applies(monkeypatch):
+    import falcon_lab.kernels.triton as kt
+    from falcon_lab.kernels.spec import FalconSpec
+
+    s1, s3a = FalconSpec.from_variant("1"), FalconSpec.from_variant("3A")
+    assert kt.prep_check(s1, window=4, dtype=torch.bfloat16, device_type="cpu")[0]
+    assert kt.prep_check(FalconSpec.from_variant("2A"), window=4, dtype=torch.float32, device_type="cpu")[0]
+    ok, why = kt.prep_check(s3a, window=4, dtype=torch.bfloat16, device_type="cpu")
+    assert not ok and "window 1" in why
+    ok, why = kt.prep_check(s1, window=1, dtype=torch.float64, device_type="cpu")
+    assert not ok and "fp32" in why
+    monkeypatch.setattr(kt, "PROVEN_PREP", False)
+    monkeypatch.setattr(kt, "_UNPROVEN", False)
+    assert not kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda")[0]
+    monkeypatch.setattr(kt, "PROVEN_PREP", True)
+    assert kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda")[0]
+    assert not torch.compile(lambda: kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda")[0],
+                             backend="eager", fullgraph=True)()  # traced: the PyTorch prep, fused by Inductor
+    monkeypatch.setattr(kt, "_PREP", "torch")
+    ok, why = kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda")
+    assert not ok and "FALCON_TRITON_PREP=torch" in why

@@ -1,0 +1,61 @@
+"""Cases for tests/test_triton_prep.py, run under TRITON_INTERPRET=1 (interp_helpers.run_interp_cases): the fused
+window-1 prep (falcon_lab/kernels/triton/prep.py) and the PyTorch prep (falcon_lab/kernels/prep.py) in fp32, each
+against the PyTorch prep in float64 on the same inputs, forward (x, η, log γ, E) and backward (k, β, λ, carried key)."""
+import json
+import sys
+
+import torch
+
+
+def _rel(a, b):
+    return float((a.double() - b).abs().max() / (b.abs().max() + 1e-30))
+
+
+def prep_case(c):
+    from falcon_lab.kernels.prep import prepare
+    from falcon_lab.kernels.triton.prep import fused_prepare
+
+    g = torch.Generator().manual_seed(c["seed"])
+    B, T, H, K, V = c["B"], c["T"], c["H"], c["K"], c["V"]
+    k = torch.randn(B, T, H, K, generator=g) * 0.7
+    k[0, min(2, T - 1)] = 0  # a zero key: E = 0, the NLMS denominator at its smallest
+    v = torch.randn(B, T, H, V, generator=g)
+    beta = (torch.rand(B, T, H, V, generator=g) if c["per_col"] else torch.rand(B, T, H, generator=g)) * 1.8
+    lam = torch.rand(B, T, H, generator=g) * c["lam_max"]  # large enough that η λ meets the clamp 1 - eps_gamma
+    last = torch.randn(B, H, K, generator=g) if c["last_k"] else None
+    seen = torch.tensor([c["seen"]] + [0] * (B - 1))
+    valid = torch.ones(B, T, dtype=torch.bool)
+    if c["valid"]:
+        valid[-1, T // 2:] = False
+    # eps_gamma 0.05: rows meet the clamp (lam_max) while the rows just below it stay well conditioned (d log γ / dα =
+    # -1 / (1 - α) turns fp32's rounding of α into a relative error up to 1e4 times larger at the default 1e-4,
+    # in the PyTorch prep as much as in the fused one)
+    kw = dict(shift=c["shift"], step=c["step"], lam_mode=c["lam_mode"], eps=c.get("eps", 1e-6), eps_gamma=0.05,
+              seen=seen, valid=valid if c["valid"] else None)
+    variant = "2" if c["per_col"] else "1"
+    dx, de, dg = torch.randn(B, T, H, K, generator=g), torch.randn(beta.shape, generator=g), torch.randn(beta.shape, generator=g)
+
+    def run(fused, dtype):
+        ins = [t.to(dtype).requires_grad_() if t is not None else None for t in (k, beta, lam, last)]
+        kk, bb, ll, lk = ins
+        if fused:
+            ci = fused_prepare(kk, v.to(dtype), bb, ll, last_k=lk, **kw)
+        else:
+            ci = prepare(kk, v.to(dtype), bb, ll, variant=variant, window=1, last_k=lk, **kw)
+        used = [t for t in ins if t is not None]
+        loss = (ci.xw * dx.to(dtype)).sum() + (ci.eta * de.to(ci.eta.dtype)).sum() + (ci.g * dg.to(ci.g.dtype)).sum()
+        grads = torch.autograd.grad(loss, used, allow_unused=True)
+        grads = [gr if gr is not None else torch.zeros_like(t) for gr, t in zip(grads, used)]
+        return dict(zip(["x", "eta", "g", "stat", "dk", "dbeta", "dlam", "dlast_k"], [ci.xw, ci.eta, ci.g, ci.stat] + grads))
+
+    ref = run(False, torch.float64)
+    torch32, fused32 = run(False, torch.float32), run(True, torch.float32)
+    return {n: {"fused": _rel(fused32[n], ref[n]), "torch": _rel(torch32[n], ref[n])} for n in ref}
+
+
+if __name__ == "__main__":
+    for c in json.loads(sys.argv[1]):
+        try:
+            print(json.dumps({"id": c["id"], "res": prep_case(c)}), flush=True)
+        except Exception as e:  # reported; the test fails on it
+            print(json.dumps({"id": c["id"], "error": f"{type(e).__name__}: {e}"}), flush=True)
