@@ -1,4 +1,4 @@
-"""The fused window-1 prep (falcon_lab/kernels/triton/prep.py) under the Triton interpreter, against the PyTorch prep
+"""The fused preps (falcon_lab/kernels/triton/prep.py, prep_window.py) under the Triton interpreter, against the PyTorch prep
 in float64 (tests/triton_prep_cases.py), and where the Triton backend uses it (falcon_lab.kernels.triton.prep_check)."""
 import itertools
 
@@ -20,6 +20,18 @@ def _case(i, per_col, shift, step, lam_mode, last_k, seen, valid):
 CASES = [_case(i, pc, sh, st, lm, i % 3 == 0, 3 * (i % 2), i % 4 == 1)
          for i, (pc, sh, st, lm) in enumerate(itertools.product((False, True), (True, False), ("nlms", "direct"),
                                                                ("scaled", "absolute")))]
+# Falcon-3A's windowed prep (prep_window.py): windows 2, 3, 4 and 8 (longer than the 3-step continuation below, so
+# the carried tail and the first windows overlap), with and without a carried tail, shift or not, padding
+CASES += [dict(_case(20 + i, False, sh, st, lm, lk, seen, val), window=W, tail=tail,
+               id=f"F3A-W{W}-{'shift' if sh else 'noshift'}-{st}-{lm}{'-tail' if tail else ''}"
+                  f"{'-lastk' if lk else ''}{f'-seen{seen}' if seen else ''}{'-valid' if val else ''}")
+          for i, (W, sh, st, lm, lk, seen, val, tail) in enumerate([
+              (4, True, "nlms", "scaled", True, 3, False, True),
+              (4, True, "nlms", "absolute", False, 0, True, False),
+              (2, False, "nlms", "scaled", False, 3, False, True),
+              (3, True, "direct", "scaled", True, 0, True, True),
+              (8, True, "nlms", "scaled", False, 3, True, True),
+              (4, False, "direct", "absolute", True, 3, False, False)])]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +44,8 @@ def test_fused_prep_matches_float64_as_well_as_the_torch_prep(results, case):
     """Each output and gradient of the fused prep in fp32 is as close to the float64 prep as the PyTorch prep in fp32
     is (within 4x, plus 5e-6: the two sum ||x||² in different orders)."""
     res = case_result(results, case["id"])
-    assert set(res) >= {"x", "eta", "g", "stat", "dk", "dbeta", "dlam"}
+    assert set(res) >= {"x", "v", "eta", "g", "stat", "dk", "dbeta", "dlam"}
+    assert ("dlast_k" in res) == case["last_k"] and ("dtail_x" in res) == bool(case.get("tail"))
     for name, e in res.items():
         assert e["fused"] <= 4 * e["torch"] + 5e-6, f"{name}: fused {e['fused']:.2e} vs torch {e['torch']:.2e}"
         assert e["fused"] <= 2e-5, f"{name}: {e['fused']:.2e}"
@@ -45,14 +58,17 @@ def test_the_triton_backend_uses_the_fused_prep_where_it_applies(monkeypatch):
     s1, s3a = FalconSpec.from_variant("1"), FalconSpec.from_variant("3A")
     assert kt.prep_check(s1, window=4, dtype=torch.bfloat16, device_type="cpu")[0]
     assert kt.prep_check(FalconSpec.from_variant("2A"), window=4, dtype=torch.float32, device_type="cpu")[0]
-    ok, why = kt.prep_check(s3a, window=4, dtype=torch.bfloat16, device_type="cpu")
-    assert not ok and "window 1" in why
+    assert kt.prep_check(s3a, window=4, dtype=torch.bfloat16, device_type="cpu")[0]
+    ok, why = kt.prep_check(FalconSpec.from_variant("3"), window=4, dtype=torch.bfloat16, device_type="cpu")
+    assert not ok and "eigenvalue" in why
+    monkeypatch.setattr(kt, "_UNPROVEN", False)
+    ok, why = kt.prep_check(s3a, window=4, dtype=torch.bfloat16, device_type="cuda")  # interpreter-tested only
+    assert not ok and "not proven" in why
     ok, why = kt.prep_check(s1, window=1, dtype=torch.float64, device_type="cpu")
     assert not ok and "fp32" in why
-    monkeypatch.setattr(kt, "PROVEN_PREP", False)
-    monkeypatch.setattr(kt, "_UNPROVEN", False)
+    monkeypatch.setattr(kt, "PROVEN_PREP", set())
     assert not kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda")[0]
-    monkeypatch.setattr(kt, "PROVEN_PREP", True)
+    monkeypatch.setattr(kt, "PROVEN_PREP", {"1"})
     assert kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda")[0]
     assert not torch.compile(lambda: kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda")[0],
                              backend="eager", fullgraph=True)()  # traced: the PyTorch prep, fused by Inductor

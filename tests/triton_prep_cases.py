@@ -1,5 +1,5 @@
 """Cases for tests/test_triton_prep.py, run under TRITON_INTERPRET=1 (interp_helpers.run_interp_cases): the fused
-window-1 prep (falcon_lab/kernels/triton/prep.py) and the PyTorch prep (falcon_lab/kernels/prep.py) in fp32, each
+prep (falcon_lab/kernels/triton/prep.py, prep_window.py for Falcon-3A) and the PyTorch prep (falcon_lab/kernels/prep.py) in fp32, each
 against the PyTorch prep in float64 on the same inputs, forward (x, η, log γ, E) and backward (k, β, λ, carried key)."""
 import json
 import sys
@@ -23,6 +23,9 @@ def prep_case(c):
     beta = (torch.rand(B, T, H, V, generator=g) if c["per_col"] else torch.rand(B, T, H, generator=g)) * 1.8
     lam = torch.rand(B, T, H, generator=g) * c["lam_max"]  # large enough that η λ meets the clamp 1 - eps_gamma
     last = torch.randn(B, H, K, generator=g) if c["last_k"] else None
+    W = c.get("window", 1)
+    tail = torch.randn(B, W - 1, H, K, generator=g) if W > 1 and c.get("tail") else None
+    tail_v = torch.randn(B, W - 1, H, V, generator=g) if tail is not None else None
     seen = torch.tensor([c["seen"]] + [0] * (B - 1))
     valid = torch.ones(B, T, dtype=torch.bool)
     if c["valid"]:
@@ -32,21 +35,24 @@ def prep_case(c):
     # in the PyTorch prep as much as in the fused one)
     kw = dict(shift=c["shift"], step=c["step"], lam_mode=c["lam_mode"], eps=c.get("eps", 1e-6), eps_gamma=0.05,
               seen=seen, valid=valid if c["valid"] else None)
-    variant = "2" if c["per_col"] else "1"
-    dx, de, dg = torch.randn(B, T, H, K, generator=g), torch.randn(beta.shape, generator=g), torch.randn(beta.shape, generator=g)
+    variant = "3A" if W > 1 else ("2" if c["per_col"] else "1")
+    dx = torch.randn(B, T + W - 1, H, K, generator=g)
+    de, dg = torch.randn(beta.shape, generator=g), torch.randn(beta.shape, generator=g)
 
     def run(fused, dtype):
-        ins = [t.to(dtype).requires_grad_() if t is not None else None for t in (k, beta, lam, last)]
-        kk, bb, ll, lk = ins
+        ins = [t.to(dtype).requires_grad_() if t is not None else None for t in (k, beta, lam, last, tail)]
+        kk, bb, ll, lk, tx = ins
+        tv = tail_v.to(dtype) if tail_v is not None else None
         if fused:
-            ci = fused_prepare(kk, v.to(dtype), bb, ll, last_k=lk, **kw)
+            ci = fused_prepare(kk, v.to(dtype), bb, ll, last_k=lk, window=W, tail_x=tx, tail_v=tv, **kw)
         else:
-            ci = prepare(kk, v.to(dtype), bb, ll, variant=variant, window=1, last_k=lk, **kw)
+            ci = prepare(kk, v.to(dtype), bb, ll, variant=variant, window=W, last_k=lk, tail_x=tx, tail_v=tv, **kw)
         used = [t for t in ins if t is not None]
         loss = (ci.xw * dx.to(dtype)).sum() + (ci.eta * de.to(ci.eta.dtype)).sum() + (ci.g * dg.to(ci.g.dtype)).sum()
         grads = torch.autograd.grad(loss, used, allow_unused=True)
         grads = [gr if gr is not None else torch.zeros_like(t) for gr, t in zip(grads, used)]
-        return dict(zip(["x", "eta", "g", "stat", "dk", "dbeta", "dlam", "dlast_k"], [ci.xw, ci.eta, ci.g, ci.stat] + grads))
+        names = ["dk", "dbeta", "dlam"] + (["dlast_k"] if last is not None else []) + (["dtail_x"] if tail is not None else [])
+        return dict(zip(["x", "v", "eta", "g", "stat"] + names, [ci.xw, ci.vw, ci.eta, ci.g, ci.stat] + grads))
 
     ref = run(False, torch.float64)
     torch32, fused32 = run(False, torch.float32), run(True, torch.float32)

@@ -10,8 +10,9 @@ Variants of the Falcon ops, each its own row, in the same run:
   * `eager_path=function|operator`: the Triton core through its autograd.Function (the default for plain eager
     calls since this script was written) or forced through the `falcon_lab::chunk_core_fwd` custom operator (the
     default before);
-  * `prep=fused|torch`: the op's prep as the Triton kernels (kernels/triton/prep.py; run with
-    FALCON_TRITON_UNPROVEN=1 until PROVEN_PREP) or as PyTorch (kernels/prep.py).
+  * `prep=fused|torch`: the op's prep as the Triton kernels (kernels/triton/prep.py, prep_window.py for 3A; run with
+    FALCON_TRITON_UNPROVEN=1 for those not in PROVEN_PREP) or as PyTorch (kernels/prep.py); `prep_used` says
+    which one the dispatch chose.
 Run on the GPU machine from the repo root:
     FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/host_bound.py --out $OUT/host_bound
 """
@@ -25,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from falcon_lab.benchmarking.kernels import _commit, make_fn, make_inputs
+from falcon_lab.benchmarking.kernels import WINDOW, _commit, make_fn, make_inputs
 
 SHAPES = [(16, 2048, 12, 64), (1, 32768, 6, 128)]
-OPS = ["falcon-1", "falcon-1A", "fla_chunk_delta_rule", "sdpa_flash"]
+OPS = ["falcon-1", "falcon-1A", "falcon-3A", "falcon-3A-banded", "fla_chunk_delta_rule", "sdpa_flash"]
 
 
 @contextlib.contextmanager
@@ -138,7 +139,7 @@ def main():
                             from falcon_lab.benchmarking.kernels import op_variant
                             from falcon_lab.kernels.spec import FalconSpec
 
-                            row["prep_used"] = kt.prep_check(FalconSpec.from_variant(op_variant(op)), window=1,
+                            row["prep_used"] = kt.prep_check(FalconSpec.from_variant(op_variant(op)), window=WINDOW,
                                                              dtype=torch.bfloat16)[1]
                         row.update(measure(op, shape))
                 except Exception as e:  # noqa: BLE001 - a failing row is reported, the run goes on

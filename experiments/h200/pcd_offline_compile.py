@@ -8,7 +8,8 @@ the tensor-core instructions of each build. Use the H200's Triton for the same c
 2026-12-02, Triton 3.6.0: K = 16 at C = 64 (the one fp32 row of `bench check --variants 2` whose gradients are wrong on
 the H200) is the only build with wgmma.m64n8k8 instructions (12) beside m64n32k8 and mma.sync; K = 16 at C = 16/32
 uses mma.sync only, K = 64/128 at C = 64 wgmma m64n32k8 (and m64n16k8) only, K = 64/128 at C = 16/32 mix mma.sync
-and m64n32k8, and all of those rows pass.
+and m64n32k8, and all of those rows pass. With value tiles of 32 (what the launcher uses for fp32 since, a candidate
+fix not yet run on the GPU) K = 16 at C = 64 compiles to mma.sync, m64n16k8 and m64n32k8 only.
 """
 import os
 import re
@@ -26,8 +27,9 @@ from falcon_lab.kernels.triton.chunk import _cfg  # noqa: E402
 PTRS = ("Q", "X", "ETA", "G", "DO", "DUI", "DST", "DHS", "DSU", "DRHS", "DS0")
 
 
-def compile_bwd_state(K, C, warps=8):
+def compile_bwd_state(K, C, warps=8, BV=None):
     BK, BVs, *_ = _cfg(K, K)
+    BVs = BV or BVs
     sig = {n: "*fp32" for n in PTRS}
     sig.update({"T": "i32", "NT": "i32"})
     consts = dict(H=2, K=K, V=K, C=C, BK=BK, BV=BVs, READ_AFTER=True, HAS_DST=True, STORE_DS0=True, PREC="tf32x3")
@@ -43,6 +45,10 @@ def main():
             k = compile_bwd_state(K, C)
             mmas = Counter(re.findall(r"(wgmma\.mma_async\S*|mma\.sync\S*)", k.asm["ptx"]))
             print(f"K={K} C={C}: shared {k.metadata.shared} B, " + ", ".join(f"{n} x{c}" for n, c in sorted(mmas.items())))
+    # the launcher's fp32 build since 2026-12-02 (value tiles >= 32): no m64n8k8 left
+    k = compile_bwd_state(16, 64, BV=32)
+    mmas = Counter(re.findall(r"(wgmma\.mma_async\S*|mma\.sync\S*)", k.asm["ptx"]))
+    print("K=16 C=64 BV=32: " + ", ".join(f"{n} x{c}" for n, c in sorted(mmas.items())))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ SHAPES = [(16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 
 FALCON = ["falcon-1", "falcon-2", "falcon-3", "falcon-1A", "falcon-2A", "falcon-3A"]
 # falcon-3A-banded: Falcon-3A's one-scan kernel (window_linear.py, opt-in until proven), beside the W-scan default
 OPS = FALCON + ["falcon-3A-banded", "fla_chunk_delta_rule", "sdpa_flash", "torch_chunk_falcon-1"]
+# the ops `--profile` traces at the first shape (torch.profiler table + chrome trace each)
+PROFILED = ("falcon-1", "falcon-1A", "falcon-2A", "falcon-3", "falcon-3A-banded", "fla_chunk_delta_rule")
 HBM_BPS = 4.8e12  # H200 datasheet
 BF16_PEAK = 989.4e12  # H200 SXM datasheet: 1,979 TFLOPS bf16 with 2:4 sparsity, i.e. 989.4 dense
 WINDOW = 4
@@ -331,7 +333,7 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
                 print(f"[{time.time() - t0:6.1f}s] {op:22s} {shape} NOT TIMED: {row['note'][:150]}", flush=True)
                 continue
             try:
-                prof = str(out) if (profile and ((shape == shapes[0] and op in ("falcon-1", "falcon-1A", "fla_chunk_delta_rule"))
+                prof = str(out) if (profile and ((shape == shapes[0] and op in PROFILED)
                                                    or (shape == shapes[1] and op == "falcon-1"))) else None
                 fwd, fwdbwd, peak = time_op(op, shape, profile_dir=prof)
                 row.update(fwd_ms=round(fwd, 4), fwdbwd_ms=round(fwdbwd, 4), peak_mem_mb=round(peak, 1))

@@ -161,7 +161,8 @@ def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read,
         from .triton import fused_prepare
 
         inp = fused_prepare(k, v, beta, lam, shift=shift, step=step, lam_mode=lam_mode, eps=eps, eps_gamma=eps_gamma,
-                            seen=seen, last_k=st.last_k if st is not None else None, valid=valid)
+                            seen=seen, last_k=st.last_k if st is not None else None, valid=valid, window=W,
+                            tail_x=st.tail_x if st is not None else None, tail_v=st.tail_v if st is not None else None)
     else:
         inp = prepare(k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
                       shift=shift, eps=eps, eps_gamma=eps_gamma, seen=seen,

@@ -200,7 +200,7 @@ def _alloc(shape, dtype, device):
 def _launch_args(x, weight, cache, pos):
     B, T, D = x.shape
     K = weight.shape[1]
-    grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(D, BLOCK_D), B)
+    grid = (-(-T // BLOCK_T), -(-D // BLOCK_D), B)  # not triton.cdiv: ~12 us per host call in Triton 3.6
     x = x.contiguous()
     c = cache.contiguous() if cache is not None else x
     p = pos.contiguous() if pos is not None else x

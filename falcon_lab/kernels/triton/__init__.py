@@ -13,9 +13,10 @@ What runs where (docs/kernels-triton.md):
   * T = 1 without gradients (decoding): one fused kernel (decode.py); on CUDA used for Falcon-1, -1A, -2 and
     -2A, whose graph-replayed output was checked on the H200; 3 and 3A decode through the torch recurrence
     unless FALCON_TRITON_UNPROVEN=1 (Falcon-3's graph capture failed there once, with cuSOLVER, since removed);
-  * the op's prep for window 1 (Falcon-1, -1A, -2, -2A) in plain eager calls: one fused kernel each way
-    (prep.py here; proven on the H200 2026-12-02 through the public op's rows of `bench check`); windows > 1
-    and torch.compile use the PyTorch prep (falcon_lab/kernels/prep.py);
+  * the op's prep in plain eager calls: for window 1 (Falcon-1, -1A, -2, -2A) one fused kernel each way (prep.py
+    here; proven on the H200 2026-12-02 through the public op's rows of `bench check`); for Falcon-3A one forward
+    and two backward kernels (prep_window.py; interpreter-tested, on CUDA only with FALCON_TRITON_UNPROVEN=1);
+    Falcon-3 and torch.compile use the PyTorch prep (falcon_lab/kernels/prep.py);
   * scalar gates, window W > 1, delta (Falcon-3), W dividing 16: the same chunk kernels on the
     pseudo-token expansion (falcon-math.md §6.6: T·W pseudo-tokens, block-strict mask so every residual
     of a step uses S_{t-1}). Proven on the H200 (W = 4, bf16 and fp32, fwd+bwd, through the op);
@@ -103,21 +104,22 @@ PROVEN_DECODE = {"1", "1A", "2", "2A"}
 # `bench check` (ragged cu_seqlens, continuation from a state, bf16 and fp32, gradients of q, k, v, beta, lam) for
 # Falcon-1, -1A, -2A and -2 and their CUDA-graph decode rows passed with it, and `bench kernels` checked every
 # window-1 op against float64 before timing it: benchmarks/results/h200_logs/kernels_2026-12-02e/.
-PROVEN_PREP = True
+# Falcon-3A's windowed prep (prep_window.py, interpreter-tested) has not run there.
+PROVEN_PREP = {"1", "1A", "2", "2A"}
 
 
 def prep_check(spec: FalconSpec, *, window: int, dtype: torch.dtype, device_type: str = "cuda") -> tuple[bool, str]:
     """(whether a Triton-backend call prepares its core inputs with the fused prep kernels, why)."""
     if _PREP != "fused":
         return False, "FALCON_TRITON_PREP=torch"
-    if spec.window(window) != 1:
-        return False, "the fused prep covers window 1 (the window statistic and tail stay PyTorch)"
+    if spec.window(window) != 1 and spec.delta:
+        return False, "Falcon-3's prep (the window Gram's top eigenvalue) stays PyTorch"
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False, f"the fused prep computes in fp32 at most, got {dtype}"
     if not plain_eager():
         return False, "torch.compile / a dispatch mode: the PyTorch prep is traced (Inductor fuses it)"
-    if device_type == "cuda" and not (PROVEN_PREP or _unproven_enabled()):
-        return False, "the fused prep is not proven on the H200 (FALCON_TRITON_UNPROVEN=1 runs it anyway)"
+    if device_type == "cuda" and not (spec.variant in PROVEN_PREP or _unproven_enabled()):
+        return False, f"the fused prep of {spec.label} is not proven on the H200 (FALCON_TRITON_UNPROVEN=1 runs it anyway)"
     return True, "fused prep kernels"
 
 

@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .host import cdiv, next_pow2
+
 # Debug aid for the GPU checks: allocate outputs filled with NaN so unwritten elements show.
 POISON = os.environ.get("FALCON_TRITON_POISON", "0") == "1"
 FP32_DOT = os.environ.get("FALCON_TRITON_FP32_DOT", "tf32x3")  # read once (see _prec)
@@ -530,7 +532,7 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
 # launchers and the autograd function
 # ------------------------------------------------------------------------------------------------
 def _np2(n: int) -> int:
-    return max(16, triton.next_power_of_2(int(n)))
+    return max(16, next_pow2(int(n)))
 
 
 def _cfg(K: int, V: int):
@@ -567,7 +569,7 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
     B, T, H, K = q.shape
     XT = x.shape[1]
     V = v.shape[-1]
-    NT = triton.cdiv(T, C)
+    NT = cdiv(T, C)
     BK, BVs, BVo, _, _ = _cfg(K, V)
     dev = q.device
     prec = _prec(q.dtype, allow_tf32, q.device)
@@ -584,11 +586,11 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         A = WT = VT = R = eta  # never read (constexpr-disabled branches)
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     ST = _empty((B, H, K, V), f32, dev)
-    _fwd_state[(triton.cdiv(V, BVs), B * H)](
+    _fwd_state[(cdiv(V, BVs), B * H)](
         x, v, eta, g, WT, VT, S0 if S0 is not None else eta, HS, R, ST, T, XT, xoff, NT, H, K, V, C,
         BK, BVs, delta, S0 is not None, True, prec, **st)
     O = _empty((B, T, H, V), out_dtype or q.dtype, dev)
-    _fwd_out[(triton.cdiv(V, BVo), NT, B * H)](
+    _fwd_out[(cdiv(V, BVo), NT, B * H)](
         q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, group, **st)
     return O, ST, (HS, A, WT, R)
 
@@ -599,18 +601,18 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     B, T, H, K = q.shape
     XT = x.shape[1]
     V = v.shape[-1]
-    NT = triton.cdiv(T, C)
+    NT = cdiv(T, C)
     BK, BVs, BVo, BVm, wm = _cfg(K, V)
     dev = q.device
     prec = _prec(q.dtype, allow_tf32, q.device)
     st = _stages(q.dtype)
     f32 = torch.float32
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
-    _bwd_dul[(triton.cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,
+    _bwd_dul[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,
                                                 read_after, prec, group, **st)
     DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
-    _bwd_state[(triton.cdiv(V, BVs), B * H)](
+    _bwd_state[(cdiv(V, BVs), B * H)](
         q, x, eta, g, WT, dO, DU, dST if dST is not None else eta, DHS,
         DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BK, BVs, delta, read_after,
         dST is not None, need_ds0, prec, group, **st)

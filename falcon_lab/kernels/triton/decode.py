@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from .chunk import _empty, _np2
+from .host import cdiv
 
 
 @triton.jit
@@ -69,7 +70,7 @@ def decode_step(q, xw, vw, eta, g, S0, *, delta: bool, window: int, read_after: 
     O = _empty((B, 1, H, V), q.dtype, q.device)
     SN = _empty((B, H, K, V), torch.float32, q.device)
     s0 = S0.float().contiguous() if S0 is not None else eta
-    _decode_step[(triton.cdiv(V, BV), B * H)](
+    _decode_step[(cdiv(V, BV), B * H)](
         q.contiguous(), xw.contiguous(), vw.contiguous(), eta.float().contiguous(),
         g.float().contiguous(), s0, O, SN, H, K, V, W, BK, BV, delta, eta.dim() == 4, read_after,
         S0 is not None)

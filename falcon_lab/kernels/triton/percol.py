@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .chunk import _cfg, _empty, _prec, _stages
+from .host import cdiv
 
 SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per program)
 
@@ -277,7 +278,7 @@ def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32):
     """Falcon-2A core forward (per-column γ, η; linear; window 1) -> (O, S_T, saved for backward)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT = triton.cdiv(T, C)
+    NT = cdiv(T, C)
     BK, BVs, BVo, BVm, wm = _cfg(K, V)
     dev = q.device
     prec = _prec(q.dtype, allow_tf32, dev)
@@ -285,10 +286,10 @@ def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32):
     f32 = torch.float32
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     ST = _empty((B, H, K, V), f32, dev)
-    _pc_fwd_state[(triton.cdiv(V, BVs), B * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, ST, T, NT,
+    _pc_fwd_state[(cdiv(V, BVs), B * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, ST, T, NT,
                                                  H, K, V, C, BK, BVs, S0 is not None, prec, **st)
     OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
-    _pc_fwd_inter[(triton.cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
+    _pc_fwd_inter[(cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
                                                     prec, **st)
     O = _empty((B, T, H, V), q.dtype, dev)
     _pc_fwd_intra[(NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec,
@@ -301,7 +302,7 @@ def percol_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf3
     (HS,) = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT = triton.cdiv(T, C)
+    NT = cdiv(T, C)
     BK, BVs, BVo, BVm, wm = _cfg(K, V)
     dev = q.device
     prec = _prec(q.dtype, allow_tf32, dev)
@@ -314,7 +315,7 @@ def percol_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf3
     DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
-    _pc_bwd_state[(triton.cdiv(V, BVs), B * H)](
+    _pc_bwd_state[(cdiv(V, BVs), B * H)](
         q, x, g, dO, dST if dST is not None else eta, DHS, DU, DS0 if DS0 is not None else eta, T, NT, H, K,
         V, C, BK, BVs, read_after, dST is not None, need_ds0, prec, **st)
     DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)

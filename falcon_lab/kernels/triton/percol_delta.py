@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from .chunk import _cfg, _empty, _prec, _stages
+from .host import cdiv
 from .percol import SB, _pc_bwd_main, _pc_fwd_inter, _pc_fwd_intra
 
 
@@ -280,7 +281,7 @@ def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32):
     """Falcon-2 core forward (per-column γ, η; regression; window 1) -> (O, S_T, saved for backward)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT = triton.cdiv(T, C)
+    NT = cdiv(T, C)
     # bounds precondition of every pointer below (window 1: x and v have T rows, not T + W - 1)
     _check_layout(q=(q, (B, T, H, K)), x=(x, (B, T, H, K)), v=(v, (B, T, H, V)), eta=(eta, (B, T, H, V)),
                   g=(g, (B, T, H, V)), S0=(S0, (B, H, K, V)))
@@ -292,10 +293,10 @@ def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32):
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     RR = torch.empty(B, T, H, V, dtype=f32, device=dev)
     ST = _empty((B, H, K, V), f32, dev)
-    _pcd_fwd_state[(triton.cdiv(V, BVs), B * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T,
+    _pcd_fwd_state[(cdiv(V, BVs), B * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T,
                                                   NT, H, K, V, C, BK, BVs, S0 is not None, prec, **st)
     OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
-    _pc_fwd_inter[(triton.cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
+    _pc_fwd_inter[(cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
                                                     prec, **st)
     O = _empty((B, T, H, V), q.dtype, dev)
     _pc_fwd_intra[(NT, B * H)](q, x, RR, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec,
@@ -309,7 +310,7 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     v_dtype = v.dtype
     B, T, H, K = q.shape
     V = RR.shape[-1]
-    NT = triton.cdiv(T, C)
+    NT = cdiv(T, C)
     BK, BVs, BVo, BVm, wm = _cfg(K, V)
     dev = q.device
     prec = _prec(q.dtype, allow_tf32, dev)
@@ -335,9 +336,14 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     # kernel, not in our pointers. The same row passed at 8 warps, with fp32 q/x and with C = 32
     # (benchmarks/results/h200_logs/falcon2_crash_2026-12-02b/). The 8-warp launch is the candidate fix, not
     # yet proven by the full `bench check --variants 2` sweep on the GPU.
-    _pcd_bwd_state[(triton.cdiv(V, BVs), B * H)](
+    # fp32 value tiles of at least 32 columns here (ours, a candidate, NOT yet run on the GPU): the one fp32 row that
+    # fails on the H200 (K = V = 16, C = 64: every gradient from this kernel 1e-4 off, 2026-12-02) is the only build
+    # with wgmma m64n8k8 instructions (Triton 3.6); with BV = 32 it compiles to the m64n16k8 / m64n32k8 / mma.sync
+    # mix of the builds that pass (experiments/h200/pcd_offline_compile.py). Masked columns cost nothing in bounds.
+    BVb = max(BVs, 32) if q.dtype == torch.float32 else BVs
+    _pcd_bwd_state[(cdiv(V, BVb), B * H)](
         q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS,
-        DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BVs, read_after, dST is not None, need_ds0,
+        DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BVb, read_after, dST is not None, need_ds0,
         prec, num_warps=8, **st)
     # Falcon-2A's backward with R as the values: dq (final), the read-out and state-update parts of
     # dx, dη and d log γ. Its "dv" is η ⊙ dU, already used above: written over the spent DUI.

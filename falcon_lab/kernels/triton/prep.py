@@ -1,4 +1,5 @@
-"""The op's prep for window 1 (Falcon-1, -1A, -2, -2A) as one Triton kernel forward and one backward (ours).
+"""The op's prep for window 1 (Falcon-1, -1A, -2, -2A) as one Triton kernel forward and one backward (ours);
+Falcon-3A's (window > 1) is prep_window.py.
 
 Computes exactly what `falcon_lab/kernels/prep.py` computes for W = 1 (docs/kernel-contract.md, falcon-math.md §4),
 row by row over the B·T·H rows:
@@ -26,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .chunk import _empty, _np2
+from .host import cdiv
 
 
 @triton.jit
@@ -213,7 +215,7 @@ class _FusedPrep(torch.autograd.Function):
         eta = _empty(beta.shape, torch.float32, dev)
         g = _empty(beta.shape, torch.float32, dev)
         stat = _empty((B, T, H), torch.float32, dev)
-        _prep_fwd[(triton.cdiv(N, BR),)](
+        _prep_fwd[(cdiv(N, BR),)](
             k, beta, lam, last_k if last_k is not None else k, valid if valid is not None else seen, seen,
             x, eta, g, stat, N, T, eps, eps_gamma, H, K, V, BR, BK, BV, per_col, shift, last_k is not None,
             valid is not None, nlms, scaled)
@@ -242,7 +244,7 @@ class _FusedPrep(torch.autograd.Function):
         dlam = _empty(lam.shape, lam.dtype, dev)
         need_dlast = shift and last_k is not None and ctx.needs_input_grad[3]  # unused without the shift
         dlast = _empty(last_k.shape, last_k.dtype, dev) if need_dlast else None
-        _prep_bwd[(triton.cdiv(N, BR),)](
+        _prep_bwd[(cdiv(N, BR),)](
             k, beta, lam, last_k if last_k is not None else k, valid if valid is not None else seen, seen,
             dx, deta, dg, dk, dbeta, dlam, dlast if dlast is not None else dk, N, T, eps, eps_gamma,
             H, K, V, BR, BK, BV, per_col, shift, last_k is not None, valid is not None, nlms, scaled, need_dlast)
@@ -250,9 +252,18 @@ class _FusedPrep(torch.autograd.Function):
 
 
 def fused_prepare(k, v, beta, lam, *, shift: bool, step: str, lam_mode: str, eps: float, eps_gamma: float,
-                  seen: torch.Tensor, last_k: Optional[torch.Tensor] = None, valid: Optional[torch.Tensor] = None):
-    """`prep.prepare` for window 1 (variants 1, 1A, 2, 2A): the same CoreInputs (xw = x, vw = v, eta, g, stat)."""
+                  seen: torch.Tensor, last_k: Optional[torch.Tensor] = None, valid: Optional[torch.Tensor] = None,
+                  window: int = 1, tail_x: Optional[torch.Tensor] = None, tail_v: Optional[torch.Tensor] = None):
+    """`prep.prepare` for window 1 (variants 1, 1A, 2, 2A; xw = x, vw = v) or, window > 1, for Falcon-3A
+    (prep_window.py): the same CoreInputs."""
     from ..prep import CoreInputs
+
+    if window > 1:
+        from .prep_window import fused_window_prepare
+
+        return fused_window_prepare(k, v, beta, lam, window=window, shift=shift, step=step, lam_mode=lam_mode, eps=eps,
+                                    eps_gamma=eps_gamma, seen=seen, last_k=last_k, tail_x=tail_x, tail_v=tail_v,
+                                    valid=valid)
 
     cfg = (bool(shift), step == "nlms", lam_mode == "scaled", float(eps), float(eps_gamma))
     last = last_k.to(k.dtype).contiguous() if last_k is not None else None

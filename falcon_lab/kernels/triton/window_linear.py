@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from .chunk import _empty, _np2, _prec, _stages
+from .host import cdiv
 
 BW = 16  # the carried-pairs tile (W - 1 <= 15 rows used)
 
@@ -391,16 +392,16 @@ def window_linear_forward(q, xw, vw, eta, g, S0, *, read_after, C, W, allow_tf32
     B, T, H, K = q.shape
     XT = xw.shape[1]
     V = vw.shape[-1]
-    NT = triton.cdiv(T, C)
+    NT = cdiv(T, C)
     BK, BV = _tiles(K, V)
     prec = _prec(q.dtype, allow_tf32, q.device)
     st = _stages(q.dtype)
     HS = torch.empty(B, H, NT, K, V, dtype=torch.float32, device=q.device)
     ST = _empty((B, H, K, V), torch.float32, q.device)
-    _wl_fwd_state[(triton.cdiv(V, BV), B * H)](xw, vw, eta, g, S0 if S0 is not None else eta, HS, ST, T, XT, NT,
+    _wl_fwd_state[(cdiv(V, BV), B * H)](xw, vw, eta, g, S0 if S0 is not None else eta, HS, ST, T, XT, NT,
                                                H, K, V, C, W, BK, BV, BW, S0 is not None, prec, **st)
     O = _empty((B, T, H, V), q.dtype, q.device)
-    _wl_fwd_out[(triton.cdiv(V, BV), NT, B * H)](q, xw, vw, eta, g, HS, O, T, XT, NT, H, K, V, C, W, BK, BV, BW,
+    _wl_fwd_out[(cdiv(V, BV), NT, B * H)](q, xw, vw, eta, g, HS, O, T, XT, NT, H, K, V, C, W, BK, BV, BW,
                                                  read_after, prec, **st)
     return O, ST, (HS,)
 
@@ -411,7 +412,7 @@ def window_linear_backward(q, xw, vw, eta, g, saved, dO, dST, *, read_after, C, 
     B, T, H, K = q.shape
     XT = xw.shape[1]
     V = vw.shape[-1]
-    NT = triton.cdiv(T, C)
+    NT = cdiv(T, C)
     BK, BV = _tiles(K, V)
     dev = q.device
     prec = _prec(q.dtype, allow_tf32, dev)
@@ -419,7 +420,7 @@ def window_linear_backward(q, xw, vw, eta, g, saved, dO, dST, *, read_after, C, 
     f32 = torch.float32
     DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
-    _wl_bwd_state[(triton.cdiv(V, BV), B * H)](q, g, dO, dST if dST is not None else eta, DHS,
+    _wl_bwd_state[(cdiv(V, BV), B * H)](q, g, dO, dST if dST is not None else eta, DHS,
                                                DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BV,
                                                read_after, dST is not None, need_ds0, prec, **st)
     dq = _empty(q.shape, q.dtype, dev)

@@ -1,0 +1,14 @@
+"""Host-side integer helpers for the kernel launchers (ours). Triton 3.6's `triton.cdiv` and
+`triton.next_power_of_2` are ConstexprFunctions: called from Python each costs ~12 us (2-core CPU,
+2026-12-02: 18 such calls made ~220 us of a Falcon-1A forward+backward's host time), and the eager ops are
+bound by their host time on the H200 at small shapes (benchmarks/results/h200_logs/kernels_2026-12-02e/)."""
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive b (what triton.cdiv computes)."""
+    return -(-int(a) // int(b))
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n, for n >= 1 (what triton.next_power_of_2 computes)."""
+    return 1 << max(int(n) - 1, 0).bit_length()

@@ -1,0 +1,274 @@
+"""The op's prep for Falcon-3A (window W > 1, inner product) as Triton kernels (ours): one forward, two backward.
+
+What `falcon_lab/kernels/prep.py` computes for a linear window (docs/kernel-contract.md, falcon-math.md §4), row by
+row over the B·T·H rows (the W = 1 pieces as in prep.py here):
+
+    xw    = [carried tail (W-1 rows, or zeros) ; x_1..x_T]                     the pair stream, x as for W = 1
+    Ē_t   = Σ_{m<W} ||xw_{t+W-1-m}||² / max(B_t, 1),   B_t = clamp(pairs written up to t, 0, W)
+    λ_t   = lam_t · Ē_t (λ scaled; Ē enters λ without gradient, as prep.py's stat.detach()) or lam_t
+    η_t   = β_t / (Ē_t + λ_t + eps) (NLMS) or β_t, 0 without a pair or on padding;  log γ_t = log1p(-min(η_t λ_t, 1-ε_γ))
+    eta   = η_t / max(B_t, 1)
+
+Forward: each row recomputes its W window rows' energies from k (and the tail). Backward: `_win_bwd_gates` gives dβ,
+dλ and q_t = dĒ_t / max(B_t, 1) per row; `_win_bwd_keys` gives each pair row's key gradient dxw + 2 x Σ_{t sees it} q_t
+(dk, the carried key's and the carried tail's). vw is `torch.cat([tail_v, v])` (its gradient is autograd's).
+Interpreter-tested against prep.py in float64 (tests/test_triton_prep.py); on CUDA only once proven on the H200
+(`PROVEN_PREP` in falcon_lab/kernels/triton/__init__.py).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .chunk import _empty, _np2
+from .host import cdiv
+from .prep import _block_rows, _log1m
+
+
+@triton.jit
+def _pair_x(K_, LASTK, TAILX, SEEN, tp, b, h, rmask, ck, kmask, T, H: tl.constexpr, K: tl.constexpr,
+            W: tl.constexpr, SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """The pair key of position tp (0-based, a [BR] vector; tp < 0: the carried tail row tp + W - 1), fp32 [BR, BK],
+    zero where no pair exists, and whether a pair exists at tp >= 0."""
+    seen = tl.load(SEEN + b, mask=rmask, other=0)
+    hp = (seen + tp + 1 - SHIFT) > 0
+    inb = rmask & (tp >= 0)
+    row = (b * T + tp) * H + h
+    kcol = kmask[None, :]
+    if SHIFT:
+        x = tl.load(K_ + (row - H)[:, None] * K + ck[None, :], mask=(inb & (tp >= 1))[:, None] & kcol,
+                    other=0.).to(tl.float32)
+        if HAS_LASTK:
+            x += tl.load(LASTK + (b * H + h)[:, None] * K + ck[None, :], mask=(inb & (tp == 0))[:, None] & kcol,
+                         other=0.).to(tl.float32)
+    else:
+        x = tl.load(K_ + row[:, None] * K + ck[None, :], mask=inb[:, None] & kcol, other=0.).to(tl.float32)
+    x = tl.where((hp & (tp >= 0))[:, None], x, 0.)
+    if HAS_TAIL:
+        trow = (b * (W - 1) + tp + W - 1) * H + h
+        x += tl.load(TAILX + trow[:, None] * K + ck[None, :], mask=(rmask & (tp < 0))[:, None] & kcol,
+                     other=0.).to(tl.float32)
+    return x, hp
+
+
+@triton.jit
+def _win_gates(K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, ck, kmask, b, t, h, T, eps, eps_gamma,
+               H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr,
+               HAS_TAIL: tl.constexpr, HAS_VALID: tl.constexpr, NLMS: tl.constexpr, SCALED: tl.constexpr):
+    """Row t's own pair key x, its pair flag, and the window gates: Ē, 1/max(B_t,1), λ, the NLMS denominator and
+    whether it is > 0, keep, β, η before the division by B_t, the clamp's argument and α."""
+    x, hp = _pair_x(K_, LASTK, TAILX, SEEN, t, b, h, rmask, ck, kmask, T, H, K, W, SHIFT, HAS_LASTK, HAS_TAIL)
+    esum = tl.sum(x * x, 1)
+    for m in tl.static_range(1, W):
+        xm, _ = _pair_x(K_, LASTK, TAILX, SEEN, t - m, b, h, rmask, ck, kmask, T, H, K, W, SHIFT, HAS_LASTK,
+                        HAS_TAIL)
+        esum += tl.sum(xm * xm, 1)
+    seen = tl.load(SEEN + b, mask=rmask, other=0)
+    cnt = tl.minimum(tl.maximum(seen + t + 1 - SHIFT, 0), W).to(tl.float32)
+    inv = 1. / tl.maximum(cnt, 1.)
+    stat = esum * inv
+    lam = tl.load(LAM + r, mask=rmask, other=0.).to(tl.float32)
+    if SCALED:
+        lam_t = lam * stat
+    else:
+        lam_t = lam
+    keep = hp & rmask
+    if HAS_VALID:
+        keep = keep & (tl.load(VALID + b * T + t, mask=rmask, other=0) != 0)
+    den = stat + lam_t + eps
+    ok = den > 0
+    beta = tl.load(BETA + r, mask=rmask, other=0.).to(tl.float32)
+    if NLMS:
+        eta0 = tl.where(ok, beta / tl.where(ok, den, 1.), 0.)
+    else:
+        eta0 = beta
+    eta0 = tl.where(keep, eta0, 0.)
+    a = eta0 * lam_t
+    alpha = tl.minimum(a, 1. - eps_gamma)
+    return x, hp, stat, inv, lam, lam_t, den, ok, keep, eta0, a, alpha
+
+
+@triton.jit
+def _win_fwd(K_, BETA, LAM, LASTK, TAILX, VALID, SEEN, XW, ETA, G, STAT, N, T, eps, eps_gamma,
+             H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+             SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_VALID: tl.constexpr,
+             NLMS: tl.constexpr, SCALED: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    rmask = r < N
+    h = r % H
+    t = (r // H) % T
+    b = r // (H * T)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    x, hp, stat, inv, lam, lam_t, den, ok, keep, eta0, a, alpha = _win_gates(
+        K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, ck, kmask, b, t, h, T, eps, eps_gamma, H, K, W, SHIFT,
+        HAS_LASTK, HAS_TAIL, HAS_VALID, NLMS, SCALED)
+    m2k = rmask[:, None] & kmask[None, :]
+    ext = (b * (T + W - 1) + t + W - 1) * H + h
+    tl.store(XW + ext[:, None] * K + ck[None, :], x.to(XW.dtype.element_ty), mask=m2k)
+    for j in tl.static_range(W - 1):  # the carried tail rows, written by each (b, h)'s row t = 0
+        xt, _ = _pair_x(K_, LASTK, TAILX, SEEN, t * 0 + (j - (W - 1)), b, h, rmask, ck, kmask, T, H, K, W, SHIFT,
+                        HAS_LASTK, HAS_TAIL)
+        tl.store(XW + ((b * (T + W - 1) + j) * H + h)[:, None] * K + ck[None, :], xt.to(XW.dtype.element_ty),
+                 mask=m2k & (t == 0)[:, None])
+    tl.store(STAT + r, stat, mask=rmask)
+    tl.store(ETA + r, eta0 * inv, mask=rmask)
+    tl.store(G + r, _log1m(alpha), mask=rmask)
+
+
+@triton.jit
+def _win_bwd_gates(K_, BETA, LAM, LASTK, TAILX, VALID, SEEN, DETA, DG, DBETA, DLAM, QS, N, T, eps, eps_gamma,
+                   H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                   SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_VALID: tl.constexpr,
+                   NLMS: tl.constexpr, SCALED: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    rmask = r < N
+    h = r % H
+    t = (r // H) % T
+    b = r // (H * T)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    x, hp, stat, inv, lam, lam_t, den, ok, keep, eta0, a, alpha = _win_gates(
+        K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, ck, kmask, b, t, h, T, eps, eps_gamma, H, K, W, SHIFT,
+        HAS_LASTK, HAS_TAIL, HAS_VALID, NLMS, SCALED)
+    deta = tl.load(DETA + r, mask=rmask, other=0.) * inv
+    dg = tl.load(DG + r, mask=rmask, other=0.)
+    da = tl.where(a <= 1. - eps_gamma, -dg / (1. - alpha), 0.)
+    de0 = tl.where(keep, deta + da * lam_t, 0.)
+    dlam_t = da * eta0
+    safe_den = tl.where(ok, den, 1.)
+    if NLMS:
+        dbeta = tl.where(ok, de0 / safe_den, 0.)
+        dstat = tl.where(ok, -de0 * eta0, 0.) / safe_den
+        dlam_t += dstat
+    else:
+        dbeta = de0
+        dstat = tl.zeros([BR], dtype=tl.float32)
+    if SCALED:  # λ_t = lam · Ē with Ē held constant (prep.py's stat.detach())
+        dlam = dlam_t * stat
+    else:
+        dlam = dlam_t
+    tl.store(DBETA + r, dbeta.to(DBETA.dtype.element_ty), mask=rmask)
+    tl.store(DLAM + r, dlam.to(DLAM.dtype.element_ty), mask=rmask)
+    tl.store(QS + r, dstat * inv, mask=rmask)
+
+
+@triton.jit
+def _win_bwd_keys(K_, LASTK, TAILX, SEEN, DXW, QS, DK, DLASTK, DTAILX, N, T,
+                  H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                  SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr,
+                  NEED_DLASTK: tl.constexpr, NEED_DTAIL: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    rmask = r < N
+    h = r % H
+    t = (r // H) % T
+    b = r // (H * T)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    m2k = rmask[:, None] & kmask[None, :]
+    x, hp = _pair_x(K_, LASTK, TAILX, SEEN, t, b, h, rmask, ck, kmask, T, H, K, W, SHIFT, HAS_LASTK, HAS_TAIL)
+    dE = tl.zeros([BR], dtype=tl.float32)
+    for m in tl.static_range(W):  # the windows of rows t .. t + W - 1 hold x_t
+        dE += tl.load(QS + r + m * H, mask=rmask & (t + m < T), other=0.)
+    ext = (b * (T + W - 1) + t + W - 1) * H + h
+    dx = tl.load(DXW + ext[:, None] * K + ck[None, :], mask=m2k, other=0.).to(tl.float32)
+    dsrc = tl.where(hp[:, None], dx + 2. * x * dE[:, None], 0.)
+    if SHIFT:
+        tl.store(DK + (r - H)[:, None] * K + ck[None, :], dsrc.to(DK.dtype.element_ty), mask=m2k & (t >= 1)[:, None])
+        tl.store(DK + r[:, None] * K + ck[None, :], tl.zeros([BR, BK], dtype=tl.float32).to(DK.dtype.element_ty),
+                 mask=m2k & (t == T - 1)[:, None])
+        if NEED_DLASTK:
+            tl.store(DLASTK + (b * H + h)[:, None] * K + ck[None, :], dsrc.to(DLASTK.dtype.element_ty),
+                     mask=m2k & (t == 0)[:, None])
+    else:
+        tl.store(DK + r[:, None] * K + ck[None, :], dsrc.to(DK.dtype.element_ty), mask=m2k)
+    if NEED_DTAIL:  # tail row j sits in the windows of rows 0 .. j: written by each (b, h)'s row t = 0
+        for j in tl.static_range(W - 1):
+            xt, _ = _pair_x(K_, LASTK, TAILX, SEEN, t * 0 + (j - (W - 1)), b, h, rmask, ck, kmask, T, H, K, W, SHIFT,
+                            HAS_LASTK, HAS_TAIL)
+            dEt = tl.zeros([BR], dtype=tl.float32)
+            for s in tl.static_range(j + 1):
+                dEt += tl.load(QS + r + s * H, mask=rmask & (t == 0) & (t + s < T), other=0.)
+            erow = (b * (T + W - 1) + j) * H + h
+            dxt = tl.load(DXW + erow[:, None] * K + ck[None, :], mask=m2k & (t == 0)[:, None], other=0.)
+            dt_ = dxt.to(tl.float32) + 2. * xt * dEt[:, None]
+            tl.store(DTAILX + ((b * (W - 1) + j) * H + h)[:, None] * K + ck[None, :], dt_.to(DTAILX.dtype.element_ty),
+                     mask=m2k & (t == 0)[:, None])
+
+
+class _FusedWindowPrep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, k, beta, lam, last_k, tail_x, seen, valid, cfg):
+        shift, nlms, scaled, eps, eps_gamma, W = cfg
+        B, T, H, K = k.shape
+        N = B * T * H
+        BK = _np2(K)
+        BR = _block_rows(BK, 1)
+        xw = _empty((B, T + W - 1, H, K), k.dtype, k.device)
+        eta = _empty((B, T, H), torch.float32, k.device)
+        g = _empty((B, T, H), torch.float32, k.device)
+        stat = _empty((B, T, H), torch.float32, k.device)
+        _win_fwd[(cdiv(N, BR),)](
+            k, beta, lam, last_k if last_k is not None else k, tail_x if tail_x is not None else k,
+            valid if valid is not None else seen, seen, xw, eta, g, stat, N, T, eps, eps_gamma, H, K, W, BR, BK,
+            shift, last_k is not None, tail_x is not None, valid is not None, nlms, scaled)
+        ctx.save_for_backward(k, beta, lam, last_k, tail_x, seen, valid)
+        ctx.cfg = cfg
+        ctx.mark_non_differentiable(stat)
+        ctx.set_materialize_grads(False)
+        return xw, eta, g, stat
+
+    @staticmethod
+    def backward(ctx, dxw, deta, dg, _dstat):
+        k, beta, lam, last_k, tail_x, seen, valid = ctx.saved_tensors
+        shift, nlms, scaled, eps, eps_gamma, W = ctx.cfg
+        B, T, H, K = k.shape
+        N = B * T * H
+        BK = _np2(K)
+        BR = _block_rows(BK, 1)
+        dev = k.device
+        dxw = dxw.contiguous() if dxw is not None else torch.zeros((B, T + W - 1, H, K), dtype=k.dtype, device=dev)
+        deta = deta.float().contiguous() if deta is not None else torch.zeros(beta.shape, device=dev)
+        dg = dg.float().contiguous() if dg is not None else torch.zeros(beta.shape, device=dev)
+        dbeta = _empty(beta.shape, beta.dtype, dev)
+        dlam = _empty(lam.shape, lam.dtype, dev)
+        qs = _empty((B, T, H), torch.float32, dev)
+        lk = last_k if last_k is not None else k
+        tx = tail_x if tail_x is not None else k
+        vl = valid if valid is not None else seen
+        grid = (cdiv(N, BR),)
+        _win_bwd_gates[grid](k, beta, lam, lk, tx, vl, seen, deta, dg, dbeta, dlam, qs, N, T, eps, eps_gamma, H, K, W,
+                             BR, BK, shift, last_k is not None, tail_x is not None, valid is not None, nlms, scaled)
+        dk = _empty(k.shape, k.dtype, dev)
+        need_dlast = shift and last_k is not None and ctx.needs_input_grad[3]
+        need_dtail = tail_x is not None and ctx.needs_input_grad[4]
+        dlast = _empty(last_k.shape, last_k.dtype, dev) if need_dlast else None
+        dtail = _empty(tail_x.shape, tail_x.dtype, dev) if need_dtail else None
+        _win_bwd_keys[grid](k, lk, tx, seen, dxw, qs, dk, dlast if dlast is not None else dk,
+                            dtail if dtail is not None else dk, N, T, H, K, W, BR, BK, shift, last_k is not None,
+                            tail_x is not None, need_dlast, need_dtail)
+        return dk, dbeta, dlam, dlast, dtail, None, None, None
+
+
+def fused_window_prepare(k, v, beta, lam, *, window: int, shift: bool, step: str, lam_mode: str, eps: float,
+                         eps_gamma: float, seen: torch.Tensor, last_k: Optional[torch.Tensor] = None,
+                         tail_x: Optional[torch.Tensor] = None, tail_v: Optional[torch.Tensor] = None,
+                         valid: Optional[torch.Tensor] = None):
+    """`prep.prepare` for Falcon-3A (window > 1, linear): the same CoreInputs."""
+    from ..prep import CoreInputs
+
+    W = int(window)
+    B, T, H, _ = k.shape
+    cfg = (bool(shift), step == "nlms", lam_mode == "scaled", float(eps), float(eps_gamma), W)
+    xw, eta, g, stat = _FusedWindowPrep.apply(
+        k.contiguous(), beta.contiguous(), lam.contiguous(),
+        last_k.to(k.dtype).contiguous() if last_k is not None else None,
+        tail_x.to(k.dtype).contiguous() if tail_x is not None else None,
+        seen.to(device=k.device, dtype=torch.int64).contiguous(),
+        valid.to(torch.int8).contiguous() if valid is not None else None, cfg)
+    tv = tail_v.to(v.dtype) if tail_v is not None else v.new_zeros(B, W - 1, H, v.shape[-1])
+    return CoreInputs(xw=xw, vw=torch.cat([tv, v], dim=1), eta=eta, g=g, stat=stat)
