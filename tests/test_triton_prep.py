@@ -1,5 +1,6 @@
-"""The fused preps (falcon_lab/kernels/triton/prep.py, prep_window.py) under the Triton interpreter, against the PyTorch prep
-in float64 (tests/triton_prep_cases.py), and where the Triton backend uses it (falcon_lab.kernels.triton.prep_check)."""
+"""The fused preps (falcon_lab/kernels/triton/prep.py, prep_window.py) under the Triton interpreter, against the
+PyTorch prep in float64 (tests/triton_prep_cases.py), and where the Triton backend uses them
+(falcon_lab.kernels.triton.prep_check)."""
 import itertools
 
 import pytest

@@ -1,6 +1,7 @@
 """Cases for tests/test_triton_prep.py, run under TRITON_INTERPRET=1 (interp_helpers.run_interp_cases): the fused
-prep (falcon_lab/kernels/triton/prep.py, prep_window.py for Falcon-3A) and the PyTorch prep (falcon_lab/kernels/prep.py) in fp32, each
-against the PyTorch prep in float64 on the same inputs, forward (x, η, log γ, E) and backward (k, β, λ, carried key)."""
+prep (falcon_lab/kernels/triton/prep.py, prep_window.py for Falcon-3A) and the PyTorch prep (falcon_lab/kernels/prep.py)
+in fp32, each against the PyTorch prep in float64 on the same inputs, forward (xw, vw, η, log γ, the statistic) and
+backward (k, β, λ, the carried key and tail)."""
 import json
 import sys
 
@@ -51,7 +52,8 @@ def prep_case(c):
         loss = (ci.xw * dx.to(dtype)).sum() + (ci.eta * de.to(ci.eta.dtype)).sum() + (ci.g * dg.to(ci.g.dtype)).sum()
         grads = torch.autograd.grad(loss, used, allow_unused=True)
         grads = [gr if gr is not None else torch.zeros_like(t) for gr, t in zip(grads, used)]
-        names = ["dk", "dbeta", "dlam"] + (["dlast_k"] if last is not None else []) + (["dtail_x"] if tail is not None else [])
+        names = (["dk", "dbeta", "dlam"] + (["dlast_k"] if last is not None else [])
+                 + (["dtail_x"] if tail is not None else []))
         return dict(zip(["x", "v", "eta", "g", "stat"] + names, [ci.xw, ci.vw, ci.eta, ci.g, ci.stat] + grads))
 
     ref = run(False, torch.float64)

@@ -7,7 +7,8 @@ kernel source and tuning key).
 
 On the GPU machine, from the repo root (one call, ~10 min; then bring the cache back):
     export TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=$PWD/.tcache
-    python3 experiments/h200/fla_warm.py && (cd .tcache && find . -name '*.autotune.json' | tar czf $OUT/tcache.tgz -T -)
+    python3 experiments/h200/fla_warm.py
+    (cd .tcache && find . -name '*.autotune.json' | tar czf $OUT/tcache.tgz -T -)
 Here: `mkdir -p .tcache && tar xzf .../tcache.tgz -C .tcache` (ignored by git); the next call carries it
 (`carry: [".whl", ".tcache"]`) and runs
     TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=$PWD/.tcache python3 -m falcon_lab.bench kernels

@@ -148,11 +148,13 @@ def main():
                 print(json.dumps(row), flush=True)
                 (out / "host_bound.json").write_text(json.dumps(rows, indent=1))
                 torch.cuda.empty_cache()
-    lines = [f"{meta}", "", "| op | shape | prep | eager path | bench ms | host ms | GPU busy ms | kernels/call | peak MB |",
+    lines = [f"{meta}", "",
+             "| op | shape | prep | eager path | bench ms | host ms | GPU busy ms | kernels/call | peak MB |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['op']} | {'x'.join(map(str, r['shape']))} | {r['prep']} | {r['eager_path']} | "
-                     f"{r.get('bench_ms')} | {r.get('host_ms')} | {r.get('gpu_ms')} | {r.get('gpu_kernels_per_call')} | "
+                     f"{r.get('bench_ms')} | {r.get('host_ms')} | {r.get('gpu_ms')} | "
+                     f"{r.get('gpu_kernels_per_call')} | "
                      f"{r.get('peak_mb')} | {r.get('error', '')}")
     (out / "host_bound.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

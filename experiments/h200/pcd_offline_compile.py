@@ -44,7 +44,8 @@ def main():
         for C in (16, 32, 64):
             k = compile_bwd_state(K, C)
             mmas = Counter(re.findall(r"(wgmma\.mma_async\S*|mma\.sync\S*)", k.asm["ptx"]))
-            print(f"K={K} C={C}: shared {k.metadata.shared} B, " + ", ".join(f"{n} x{c}" for n, c in sorted(mmas.items())))
+            counts = ", ".join(f"{n} x{c}" for n, c in sorted(mmas.items()))
+            print(f"K={K} C={C}: shared {k.metadata.shared} B, {counts}")
     # the launcher's fp32 build since 2026-12-02 (value tiles >= 32): no m64n8k8 left
     k = compile_bwd_state(16, 64, BV=32)
     mmas = Counter(re.findall(r"(wgmma\.mma_async\S*|mma\.sync\S*)", k.asm["ptx"]))

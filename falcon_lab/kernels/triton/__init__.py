@@ -104,7 +104,9 @@ PROVEN_DECODE = {"1", "1A", "2", "2A"}
 # `bench check` (ragged cu_seqlens, continuation from a state, bf16 and fp32, gradients of q, k, v, beta, lam) for
 # Falcon-1, -1A, -2A and -2 and their CUDA-graph decode rows passed with it, and `bench kernels` checked every
 # window-1 op against float64 before timing it: benchmarks/results/h200_logs/kernels_2026-12-02e/.
-# Falcon-3A's windowed prep (prep_window.py, interpreter-tested) has not run there.
+# Since then their code shares helpers with Falcon-3A's windowed prep (prep_window.py): the same arithmetic (a
+# per-column sum now divides before summing), interpreter-tested, not re-run on the GPU (experiments/h200/NEXT.md).
+# prep_window.py itself (interpreter-tested) has not run there.
 PROVEN_PREP = {"1", "1A", "2", "2A"}
 
 
@@ -119,7 +121,8 @@ def prep_check(spec: FalconSpec, *, window: int, dtype: torch.dtype, device_type
     if not plain_eager():
         return False, "torch.compile / a dispatch mode: the PyTorch prep is traced (Inductor fuses it)"
     if device_type == "cuda" and not (spec.variant in PROVEN_PREP or _unproven_enabled()):
-        return False, f"the fused prep of {spec.label} is not proven on the H200 (FALCON_TRITON_UNPROVEN=1 runs it anyway)"
+        return False, (f"the fused prep of {spec.label} is not proven on the H200 "
+                       "(FALCON_TRITON_UNPROVEN=1 runs it anyway)")
     return True, "fused prep kernels"
 
 

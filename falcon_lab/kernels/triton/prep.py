@@ -31,32 +31,47 @@ from .host import cdiv
 
 
 @triton.jit
-def _row_state(K_, LASTK, VALID, SEEN, lam, r, rmask, ck, kmask, b, t, h, T, H: tl.constexpr, K: tl.constexpr,
-               SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_VALID: tl.constexpr, SCALED: tl.constexpr, eps):
-    """x [BR, BK] fp32 (the pair key), hp [BR] (a pair exists), keep (a pair and not padding), E, λ_t and the NLMS
-    denominator [BR]: shared by both directions."""
+def _rows(N, T, H: tl.constexpr, K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+    """This program's BR rows r = (b·T + t)·H + h of the B·T·H rows, with (b, t, h), and the key columns."""
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    ck = tl.arange(0, BK)
+    return r, r < N, r // (H * T), (r // H) % T, r % H, ck, ck < K
+
+
+@triton.jit
+def _pair_x(K_, LASTK, TAILX, SEEN, tp, b, h, rmask, ck, kmask, T, H: tl.constexpr, K: tl.constexpr,
+            W: tl.constexpr, SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """The pair key of position tp (0-based, a [BR] vector; tp < 0: the carried tail row tp + W - 1), fp32 [BR, BK],
+    zero where no pair exists, and whether a pair exists (at tp >= 0): x_t = φ(k_{t-1}) with the shift (x_0 the
+    carried last key, or 0), else φ(k_t)."""
     seen = tl.load(SEEN + b, mask=rmask, other=0)
-    n_pairs = seen + t + 1 - SHIFT  # pairs written up to and including t (1-based positions)
-    hp = n_pairs > 0
+    hp = (seen + tp + 1 - SHIFT) > 0  # pairs written up to and including tp (1-based positions)
+    inb = rmask & (tp >= 0)
+    row = (b * T + tp) * H + h
+    kcol = kmask[None, :]
     if SHIFT:
-        src = K_ + (r - H)[:, None] * K + ck[None, :]
-        x = tl.load(src, mask=(rmask & (t >= 1))[:, None] & kmask[None, :], other=0.).to(tl.float32)
+        x = tl.load(K_ + (row - H)[:, None] * K + ck[None, :], mask=(inb & (tp >= 1))[:, None] & kcol,
+                    other=0.).to(tl.float32)
         if HAS_LASTK:
-            lk = LASTK + (b * H + h)[:, None] * K + ck[None, :]
-            x += tl.load(lk, mask=(rmask & (t == 0))[:, None] & kmask[None, :], other=0.).to(tl.float32)
+            x += tl.load(LASTK + (b * H + h)[:, None] * K + ck[None, :], mask=(inb & (tp == 0))[:, None] & kcol,
+                         other=0.).to(tl.float32)
     else:
-        x = tl.load(K_ + r[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.).to(tl.float32)
-    x = tl.where(hp[:, None], x, 0.)
-    E = tl.sum(x * x, 1)
-    if SCALED:
-        lam_t = lam * E
-    else:
-        lam_t = lam
+        x = tl.load(K_ + row[:, None] * K + ck[None, :], mask=inb[:, None] & kcol, other=0.).to(tl.float32)
+    x = tl.where((hp & (tp >= 0))[:, None], x, 0.)
+    if HAS_TAIL:
+        trow = (b * (W - 1) + tp + W - 1) * H + h
+        x += tl.load(TAILX + trow[:, None] * K + ck[None, :], mask=(rmask & (tp < 0))[:, None] & kcol,
+                     other=0.).to(tl.float32)
+    return x, hp
+
+
+@triton.jit
+def _keep(VALID, hp, rmask, b, t, T, HAS_VALID: tl.constexpr):
+    """A pair exists at t and t is not right padding (varlen)."""
     keep = hp & rmask
     if HAS_VALID:
         keep = keep & (tl.load(VALID + b * T + t, mask=rmask, other=0) != 0)
-    den = E + lam_t + eps
-    return x, hp, keep, E, lam_t, den
+    return keep
 
 
 @triton.jit
@@ -68,43 +83,90 @@ def _log1m(a):
 
 
 @triton.jit
+def _step(beta, den, keep, lam_t, eps_gamma, NLMS: tl.constexpr):
+    """η (β / den for NLMS, 0 where den <= 0, without a pair or on padding), the clamp's argument η λ and α = its
+    clamp at 1 - ε_γ. Shapes broadcast: [BR] for scalar gates, [BR, BV] with den, keep, λ as [BR, 1] per column."""
+    if NLMS:
+        ok = den > 0
+        eta = tl.where(ok, beta / tl.where(ok, den, 1.), 0.)
+    else:
+        eta = beta
+    eta = tl.where(keep, eta, 0.)
+    a = eta * lam_t
+    return eta, a, tl.minimum(a, 1. - eps_gamma)
+
+
+@triton.jit
+def _step_bwd(deta, dg, eta, a, alpha, den, keep, lam_t, eps_gamma, NLMS: tl.constexpr):
+    """_step's chain rule: from dη and d log γ (log γ = log1p(-α)) to dβ, the denominator's gradient and λ_t's
+    (per element: per-column callers sum the last two over the columns)."""
+    da = tl.where(a <= 1. - eps_gamma, -dg / (1. - alpha), 0.)
+    de0 = tl.where(keep, deta + da * lam_t, 0.)
+    dlam_t = da * eta
+    if NLMS:
+        ok = den > 0
+        safe = tl.where(ok, den, 1.)
+        dbeta = tl.where(ok, de0 / safe, 0.)
+        dden = tl.where(ok, -de0 * eta, 0.) / safe
+    else:
+        dbeta = de0
+        dden = tl.zeros_like(de0)
+    return dbeta, dden, dlam_t
+
+
+@triton.jit
+def _store_key_grads(DK, DLASTK, dsrc, r, rmask, b, t, h, ck, kmask, T, H: tl.constexpr, K: tl.constexpr,
+                     SHIFT: tl.constexpr, NEED_DLASTK: tl.constexpr):
+    """dk from the pair rows' gradients dsrc: x_t = k_{t-1} with the shift (row t's gradient is k's row t - 1, row 0's
+    the carried last key's, k's last row gets 0), else k's row t."""
+    m2k = rmask[:, None] & kmask[None, :]
+    if SHIFT:
+        tl.store(DK + (r - H)[:, None] * K + ck[None, :], dsrc.to(DK.dtype.element_ty), mask=m2k & (t >= 1)[:, None])
+        tl.store(DK + r[:, None] * K + ck[None, :], tl.zeros_like(dsrc).to(DK.dtype.element_ty),
+                 mask=m2k & (t == T - 1)[:, None])
+        if NEED_DLASTK:
+            tl.store(DLASTK + (b * H + h)[:, None] * K + ck[None, :], dsrc.to(DLASTK.dtype.element_ty),
+                     mask=m2k & (t == 0)[:, None])
+    else:
+        tl.store(DK + r[:, None] * K + ck[None, :], dsrc.to(DK.dtype.element_ty), mask=m2k)
+
+
+@triton.jit
+def _w1_row(K_, LAM, LASTK, VALID, SEEN, r, rmask, b, t, h, ck, kmask, T, eps, H: tl.constexpr, K: tl.constexpr,
+            SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_VALID: tl.constexpr, SCALED: tl.constexpr):
+    """Window 1, both directions: the pair key x, its flags, E = ||x||², lam, λ_t and the NLMS denominator."""
+    x, hp = _pair_x(K_, LASTK, K_, SEEN, t, b, h, rmask, ck, kmask, T, H, K, 1, SHIFT, HAS_LASTK, False)
+    keep = _keep(VALID, hp, rmask, b, t, T, HAS_VALID)
+    E = tl.sum(x * x, 1)
+    lam = tl.load(LAM + r, mask=rmask, other=0.).to(tl.float32)
+    if SCALED:
+        lam_t = lam * E
+    else:
+        lam_t = lam
+    return x, hp, keep, E, lam, lam_t, E + lam_t + eps
+
+
+@triton.jit
 def _prep_fwd(K_, BETA, LAM, LASTK, VALID, SEEN, X, ETA, G, STAT, N, T, eps, eps_gamma,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, PERCOL: tl.constexpr, SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr,
               HAS_VALID: tl.constexpr, NLMS: tl.constexpr, SCALED: tl.constexpr):
-    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    rmask = r < N
-    h = r % H
-    t = (r // H) % T
-    b = r // (H * T)
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    lam = tl.load(LAM + r, mask=rmask, other=0.).to(tl.float32)
-    x, hp, keep, E, lam_t, den = _row_state(K_, LASTK, VALID, SEEN, lam, r, rmask, ck, kmask, b, t, h, T, H, K,
-                                            SHIFT, HAS_LASTK, HAS_VALID, SCALED, eps)
+    r, rmask, b, t, h, ck, kmask = _rows(N, T, H, K, BR, BK)
+    x, hp, keep, E, lam, lam_t, den = _w1_row(K_, LAM, LASTK, VALID, SEEN, r, rmask, b, t, h, ck, kmask, T, eps, H, K,
+                                              SHIFT, HAS_LASTK, HAS_VALID, SCALED)
     tl.store(X + r[:, None] * K + ck[None, :], x.to(X.dtype.element_ty), mask=rmask[:, None] & kmask[None, :])
     tl.store(STAT + r, E, mask=rmask)
-    ok = den > 0
     if PERCOL:
         cv = tl.arange(0, BV)
         m2 = rmask[:, None] & (cv < V)[None, :]
-        beta = tl.load(BETA + r[:, None] * V + cv[None, :], mask=m2, other=0.).to(tl.float32)
-        if NLMS:
-            eta = tl.where(ok[:, None], beta / tl.where(ok, den, 1.)[:, None], 0.)
-        else:
-            eta = beta
-        eta = tl.where(keep[:, None], eta, 0.)
-        alpha = tl.minimum(eta * lam_t[:, None], 1. - eps_gamma)
-        tl.store(ETA + r[:, None] * V + cv[None, :], eta, mask=m2)
-        tl.store(G + r[:, None] * V + cv[None, :], _log1m(alpha), mask=m2)
+        off = r[:, None] * V + cv[None, :]
+        beta = tl.load(BETA + off, mask=m2, other=0.).to(tl.float32)
+        eta, a, alpha = _step(beta, den[:, None], keep[:, None], lam_t[:, None], eps_gamma, NLMS)
+        tl.store(ETA + off, eta, mask=m2)
+        tl.store(G + off, _log1m(alpha), mask=m2)
     else:
         beta = tl.load(BETA + r, mask=rmask, other=0.).to(tl.float32)
-        if NLMS:
-            eta = tl.where(ok, beta / tl.where(ok, den, 1.), 0.)
-        else:
-            eta = beta
-        eta = tl.where(keep, eta, 0.)
-        alpha = tl.minimum(eta * lam_t, 1. - eps_gamma)
+        eta, a, alpha = _step(beta, den, keep, lam_t, eps_gamma, NLMS)
         tl.store(ETA + r, eta, mask=rmask)
         tl.store(G + r, _log1m(alpha), mask=rmask)
 
@@ -114,102 +176,57 @@ def _prep_bwd(K_, BETA, LAM, LASTK, VALID, SEEN, DX, DETA, DG, DK, DBETA, DLAM, 
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, PERCOL: tl.constexpr, SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr,
               HAS_VALID: tl.constexpr, NLMS: tl.constexpr, SCALED: tl.constexpr, NEED_DLASTK: tl.constexpr):
-    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    rmask = r < N
-    h = r % H
-    t = (r // H) % T
-    b = r // (H * T)
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    lam = tl.load(LAM + r, mask=rmask, other=0.).to(tl.float32)
-    x, hp, keep, E, lam_t, den = _row_state(K_, LASTK, VALID, SEEN, lam, r, rmask, ck, kmask, b, t, h, T, H, K,
-                                            SHIFT, HAS_LASTK, HAS_VALID, SCALED, eps)
-    ok = den > 0
-    safe_den = tl.where(ok, den, 1.)
-    hi = 1. - eps_gamma
+    r, rmask, b, t, h, ck, kmask = _rows(N, T, H, K, BR, BK)
+    x, hp, keep, E, lam, lam_t, den = _w1_row(K_, LAM, LASTK, VALID, SEEN, r, rmask, b, t, h, ck, kmask, T, eps, H, K,
+                                              SHIFT, HAS_LASTK, HAS_VALID, SCALED)
     if PERCOL:
         cv = tl.arange(0, BV)
         m2 = rmask[:, None] & (cv < V)[None, :]
         off = r[:, None] * V + cv[None, :]
         beta = tl.load(BETA + off, mask=m2, other=0.).to(tl.float32)
-        if NLMS:
-            eta = tl.where(ok[:, None], beta / safe_den[:, None], 0.)
-        else:
-            eta = beta
-        eta = tl.where(keep[:, None], eta, 0.)
-        a = eta * lam_t[:, None]
-        alpha = tl.minimum(a, hi)
-        deta = tl.load(DETA + off, mask=m2, other=0.)
-        dg = tl.load(DG + off, mask=m2, other=0.)
-        da = tl.where(a <= hi, -dg / (1. - alpha), 0.)
-        de0 = tl.where(keep[:, None], deta + da * lam_t[:, None], 0.)
-        dlam_t = tl.sum(da * eta, 1)
-        if NLMS:
-            dbeta = tl.where(ok[:, None], de0 / safe_den[:, None], 0.)
-            dden = tl.sum(tl.where(ok[:, None], -de0 * eta, 0.), 1) / safe_den
-        else:
-            dbeta = de0
-            dden = tl.zeros([BR], dtype=tl.float32)
+        eta, a, alpha = _step(beta, den[:, None], keep[:, None], lam_t[:, None], eps_gamma, NLMS)
+        dbeta, dden, dlam_t = _step_bwd(tl.load(DETA + off, mask=m2, other=0.), tl.load(DG + off, mask=m2, other=0.),
+                                        eta, a, alpha, den[:, None], keep[:, None], lam_t[:, None], eps_gamma, NLMS)
+        dden = tl.sum(dden, 1)
+        dlam_t = tl.sum(dlam_t, 1)
         tl.store(DBETA + off, dbeta.to(DBETA.dtype.element_ty), mask=m2)
     else:
         beta = tl.load(BETA + r, mask=rmask, other=0.).to(tl.float32)
-        if NLMS:
-            eta = tl.where(ok, beta / safe_den, 0.)
-        else:
-            eta = beta
-        eta = tl.where(keep, eta, 0.)
-        a = eta * lam_t
-        alpha = tl.minimum(a, hi)
-        deta = tl.load(DETA + r, mask=rmask, other=0.)
-        dg = tl.load(DG + r, mask=rmask, other=0.)
-        da = tl.where(a <= hi, -dg / (1. - alpha), 0.)
-        de0 = tl.where(keep, deta + da * lam_t, 0.)
-        dlam_t = da * eta
-        if NLMS:
-            dbeta = tl.where(ok, de0 / safe_den, 0.)
-            dden = tl.where(ok, -de0 * eta, 0.) / safe_den
-        else:
-            dbeta = de0
-            dden = tl.zeros([BR], dtype=tl.float32)
+        eta, a, alpha = _step(beta, den, keep, lam_t, eps_gamma, NLMS)
+        dbeta, dden, dlam_t = _step_bwd(tl.load(DETA + r, mask=rmask, other=0.), tl.load(DG + r, mask=rmask, other=0.),
+                                        eta, a, alpha, den, keep, lam_t, eps_gamma, NLMS)
         tl.store(DBETA + r, dbeta.to(DBETA.dtype.element_ty), mask=rmask)
+    dlam_t += dden  # den = E + λ_t + eps
     dE = dden
-    if NLMS:
-        dlam_t += dden
-    if SCALED:
+    if SCALED:  # λ_t = lam · E
         dlam = dlam_t * E
         dE += dlam_t * lam
     else:
         dlam = dlam_t
     tl.store(DLAM + r, dlam.to(DLAM.dtype.element_ty), mask=rmask)
-    m2k = rmask[:, None] & kmask[None, :]
-    dx = tl.load(DX + r[:, None] * K + ck[None, :], mask=m2k, other=0.).to(tl.float32)
+    dx = tl.load(DX + r[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.).to(tl.float32)
     dsrc = tl.where(hp[:, None], dx + 2. * x * dE[:, None], 0.)
-    if SHIFT:  # x_t = k_{t-1}: row t's gradient is k's row t-1 (t = 0: the carried last key); k's last row gets 0
-        tl.store(DK + (r - H)[:, None] * K + ck[None, :], dsrc.to(DK.dtype.element_ty),
-                 mask=m2k & (t >= 1)[:, None])
-        tl.store(DK + r[:, None] * K + ck[None, :], tl.zeros([BR, BK], dtype=tl.float32).to(DK.dtype.element_ty),
-                 mask=m2k & (t == T - 1)[:, None])
-        if NEED_DLASTK:
-            tl.store(DLASTK + (b * H + h)[:, None] * K + ck[None, :], dsrc.to(DLASTK.dtype.element_ty),
-                     mask=m2k & (t == 0)[:, None])
-    else:
-        tl.store(DK + r[:, None] * K + ck[None, :], dsrc.to(DK.dtype.element_ty), mask=m2k)
+    _store_key_grads(DK, DLASTK, dsrc, r, rmask, b, t, h, ck, kmask, T, H, K, SHIFT, NEED_DLASTK)
 
 
 def _block_rows(BK: int, BV: int) -> int:
     return max(16, min(128, 4096 // max(BK, BV)))
 
 
+def _geometry(k, beta):
+    """B, T, H, K, V (1 for scalar gates), per-column, rows, the key and value tiles and the rows per program."""
+    B, T, H, K = k.shape
+    per_col = beta.dim() == 4
+    V = beta.shape[-1] if per_col else 1
+    BK, BV = _np2(K), (_np2(V) if per_col else 1)
+    return B, T, H, K, V, per_col, B * T * H, BK, BV, _block_rows(BK, BV)
+
+
 class _FusedPrep(torch.autograd.Function):
     @staticmethod
     def forward(ctx, k, beta, lam, last_k, seen, valid, cfg):
         shift, nlms, scaled, eps, eps_gamma = cfg
-        B, T, H, K = k.shape
-        per_col = beta.dim() == 4
-        V = beta.shape[-1] if per_col else 1
-        N = B * T * H
-        BK, BV = _np2(K), (_np2(V) if per_col else 1)
-        BR = _block_rows(BK, BV)
+        B, T, H, K, V, per_col, N, BK, BV, BR = _geometry(k, beta)
         dev = k.device
         x = _empty(k.shape, k.dtype, dev)
         eta = _empty(beta.shape, torch.float32, dev)
@@ -229,12 +246,7 @@ class _FusedPrep(torch.autograd.Function):
     def backward(ctx, dx, deta, dg, _dstat):
         k, beta, lam, last_k, seen, valid = ctx.saved_tensors
         shift, nlms, scaled, eps, eps_gamma = ctx.cfg
-        B, T, H, K = k.shape
-        per_col = beta.dim() == 4
-        V = beta.shape[-1] if per_col else 1
-        N = B * T * H
-        BK, BV = _np2(K), (_np2(V) if per_col else 1)
-        BR = _block_rows(BK, BV)
+        B, T, H, K, V, per_col, N, BK, BV, BR = _geometry(k, beta)
         dev = k.device
         dx = dx.contiguous() if dx is not None else torch.zeros_like(k)
         deta = deta.float().contiguous() if deta is not None else torch.zeros(beta.shape, device=dev)

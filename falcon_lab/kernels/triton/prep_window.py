@@ -6,12 +6,14 @@ row over the B·T·H rows (the W = 1 pieces as in prep.py here):
     xw    = [carried tail (W-1 rows, or zeros) ; x_1..x_T]                     the pair stream, x as for W = 1
     Ē_t   = Σ_{m<W} ||xw_{t+W-1-m}||² / max(B_t, 1),   B_t = clamp(pairs written up to t, 0, W)
     λ_t   = lam_t · Ē_t (λ scaled; Ē enters λ without gradient, as prep.py's stat.detach()) or lam_t
-    η_t   = β_t / (Ē_t + λ_t + eps) (NLMS) or β_t, 0 without a pair or on padding;  log γ_t = log1p(-min(η_t λ_t, 1-ε_γ))
+    η_t   = β_t / (Ē_t + λ_t + eps) (NLMS) or β_t, 0 without a pair or on padding
+    log γ_t = log1p(-min(η_t λ_t, 1 - ε_γ))
     eta   = η_t / max(B_t, 1)
 
 Forward: each row recomputes its W window rows' energies from k (and the tail). Backward: `_win_bwd_gates` gives dβ,
-dλ and q_t = dĒ_t / max(B_t, 1) per row; `_win_bwd_keys` gives each pair row's key gradient dxw + 2 x Σ_{t sees it} q_t
-(dk, the carried key's and the carried tail's). vw is `torch.cat([tail_v, v])` (its gradient is autograd's).
+dλ and q_t = dĒ_t / max(B_t, 1) per row; `_win_bwd_keys` gives each pair row's key gradient
+dxw + 2 x Σ_{t sees it} q_t (dk, the carried key's and the carried tail's). vw is `torch.cat([tail_v, v])` (its
+gradient is autograd's).
 Interpreter-tested against prep.py in float64 (tests/test_triton_prep.py); on CUDA only once proven on the H200
 (`PROVEN_PREP` in falcon_lab/kernels/triton/__init__.py).
 """
@@ -26,41 +28,15 @@ import triton.language as tl
 
 from .chunk import _empty, _np2
 from .host import cdiv
-from .prep import _block_rows, _log1m
+from .prep import _block_rows, _keep, _log1m, _pair_x, _rows, _step, _step_bwd, _store_key_grads
 
 
 @triton.jit
-def _pair_x(K_, LASTK, TAILX, SEEN, tp, b, h, rmask, ck, kmask, T, H: tl.constexpr, K: tl.constexpr,
-            W: tl.constexpr, SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr):
-    """The pair key of position tp (0-based, a [BR] vector; tp < 0: the carried tail row tp + W - 1), fp32 [BR, BK],
-    zero where no pair exists, and whether a pair exists at tp >= 0."""
-    seen = tl.load(SEEN + b, mask=rmask, other=0)
-    hp = (seen + tp + 1 - SHIFT) > 0
-    inb = rmask & (tp >= 0)
-    row = (b * T + tp) * H + h
-    kcol = kmask[None, :]
-    if SHIFT:
-        x = tl.load(K_ + (row - H)[:, None] * K + ck[None, :], mask=(inb & (tp >= 1))[:, None] & kcol,
-                    other=0.).to(tl.float32)
-        if HAS_LASTK:
-            x += tl.load(LASTK + (b * H + h)[:, None] * K + ck[None, :], mask=(inb & (tp == 0))[:, None] & kcol,
-                         other=0.).to(tl.float32)
-    else:
-        x = tl.load(K_ + row[:, None] * K + ck[None, :], mask=inb[:, None] & kcol, other=0.).to(tl.float32)
-    x = tl.where((hp & (tp >= 0))[:, None], x, 0.)
-    if HAS_TAIL:
-        trow = (b * (W - 1) + tp + W - 1) * H + h
-        x += tl.load(TAILX + trow[:, None] * K + ck[None, :], mask=(rmask & (tp < 0))[:, None] & kcol,
-                     other=0.).to(tl.float32)
-    return x, hp
-
-
-@triton.jit
-def _win_gates(K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, ck, kmask, b, t, h, T, eps, eps_gamma,
-               H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr,
-               HAS_TAIL: tl.constexpr, HAS_VALID: tl.constexpr, NLMS: tl.constexpr, SCALED: tl.constexpr):
-    """Row t's own pair key x, its pair flag, and the window gates: Ē, 1/max(B_t,1), λ, the NLMS denominator and
-    whether it is > 0, keep, β, η before the division by B_t, the clamp's argument and α."""
+def _win_row(K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, b, t, h, ck, kmask, T, eps, eps_gamma,
+             H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr,
+             HAS_TAIL: tl.constexpr, HAS_VALID: tl.constexpr, NLMS: tl.constexpr, SCALED: tl.constexpr):
+    """Row t, both directions: its own pair key x and flags, the window energy Ē, 1/max(B_t, 1), lam, λ_t, the NLMS
+    denominator, keep, and _step's η (before the division by B_t), η λ and α."""
     x, hp = _pair_x(K_, LASTK, TAILX, SEEN, t, b, h, rmask, ck, kmask, T, H, K, W, SHIFT, HAS_LASTK, HAS_TAIL)
     esum = tl.sum(x * x, 1)
     for m in tl.static_range(1, W):
@@ -68,28 +44,18 @@ def _win_gates(K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, ck, kmask, b,
                         HAS_TAIL)
         esum += tl.sum(xm * xm, 1)
     seen = tl.load(SEEN + b, mask=rmask, other=0)
-    cnt = tl.minimum(tl.maximum(seen + t + 1 - SHIFT, 0), W).to(tl.float32)
-    inv = 1. / tl.maximum(cnt, 1.)
+    inv = 1. / tl.maximum(tl.minimum(tl.maximum(seen + t + 1 - SHIFT, 0), W).to(tl.float32), 1.)
     stat = esum * inv
     lam = tl.load(LAM + r, mask=rmask, other=0.).to(tl.float32)
     if SCALED:
         lam_t = lam * stat
     else:
         lam_t = lam
-    keep = hp & rmask
-    if HAS_VALID:
-        keep = keep & (tl.load(VALID + b * T + t, mask=rmask, other=0) != 0)
+    keep = _keep(VALID, hp, rmask, b, t, T, HAS_VALID)
     den = stat + lam_t + eps
-    ok = den > 0
     beta = tl.load(BETA + r, mask=rmask, other=0.).to(tl.float32)
-    if NLMS:
-        eta0 = tl.where(ok, beta / tl.where(ok, den, 1.), 0.)
-    else:
-        eta0 = beta
-    eta0 = tl.where(keep, eta0, 0.)
-    a = eta0 * lam_t
-    alpha = tl.minimum(a, 1. - eps_gamma)
-    return x, hp, stat, inv, lam, lam_t, den, ok, keep, eta0, a, alpha
+    eta0, a, alpha = _step(beta, den, keep, lam_t, eps_gamma, NLMS)
+    return x, hp, stat, inv, lam_t, den, keep, eta0, a, alpha
 
 
 @triton.jit
@@ -97,15 +63,9 @@ def _win_fwd(K_, BETA, LAM, LASTK, TAILX, VALID, SEEN, XW, ETA, G, STAT, N, T, e
              H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
              SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_VALID: tl.constexpr,
              NLMS: tl.constexpr, SCALED: tl.constexpr):
-    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    rmask = r < N
-    h = r % H
-    t = (r // H) % T
-    b = r // (H * T)
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    x, hp, stat, inv, lam, lam_t, den, ok, keep, eta0, a, alpha = _win_gates(
-        K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, ck, kmask, b, t, h, T, eps, eps_gamma, H, K, W, SHIFT,
+    r, rmask, b, t, h, ck, kmask = _rows(N, T, H, K, BR, BK)
+    x, hp, stat, inv, lam_t, den, keep, eta0, a, alpha = _win_row(
+        K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, b, t, h, ck, kmask, T, eps, eps_gamma, H, K, W, SHIFT,
         HAS_LASTK, HAS_TAIL, HAS_VALID, NLMS, SCALED)
     m2k = rmask[:, None] & kmask[None, :]
     ext = (b * (T + W - 1) + t + W - 1) * H + h
@@ -125,29 +85,14 @@ def _win_bwd_gates(K_, BETA, LAM, LASTK, TAILX, VALID, SEEN, DETA, DG, DBETA, DL
                    H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                    SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_VALID: tl.constexpr,
                    NLMS: tl.constexpr, SCALED: tl.constexpr):
-    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    rmask = r < N
-    h = r % H
-    t = (r // H) % T
-    b = r // (H * T)
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    x, hp, stat, inv, lam, lam_t, den, ok, keep, eta0, a, alpha = _win_gates(
-        K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, ck, kmask, b, t, h, T, eps, eps_gamma, H, K, W, SHIFT,
+    r, rmask, b, t, h, ck, kmask = _rows(N, T, H, K, BR, BK)
+    x, hp, stat, inv, lam_t, den, keep, eta0, a, alpha = _win_row(
+        K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, b, t, h, ck, kmask, T, eps, eps_gamma, H, K, W, SHIFT,
         HAS_LASTK, HAS_TAIL, HAS_VALID, NLMS, SCALED)
-    deta = tl.load(DETA + r, mask=rmask, other=0.) * inv
-    dg = tl.load(DG + r, mask=rmask, other=0.)
-    da = tl.where(a <= 1. - eps_gamma, -dg / (1. - alpha), 0.)
-    de0 = tl.where(keep, deta + da * lam_t, 0.)
-    dlam_t = da * eta0
-    safe_den = tl.where(ok, den, 1.)
-    if NLMS:
-        dbeta = tl.where(ok, de0 / safe_den, 0.)
-        dstat = tl.where(ok, -de0 * eta0, 0.) / safe_den
-        dlam_t += dstat
-    else:
-        dbeta = de0
-        dstat = tl.zeros([BR], dtype=tl.float32)
+    dbeta, dstat, dlam_t = _step_bwd(tl.load(DETA + r, mask=rmask, other=0.) * inv,
+                                     tl.load(DG + r, mask=rmask, other=0.), eta0, a, alpha, den, keep, lam_t,
+                                     eps_gamma, NLMS)
+    dlam_t += dstat  # den = Ē + λ_t + eps
     if SCALED:  # λ_t = lam · Ē with Ē held constant (prep.py's stat.detach())
         dlam = dlam_t * stat
     else:
@@ -162,13 +107,7 @@ def _win_bwd_keys(K_, LASTK, TAILX, SEEN, DXW, QS, DK, DLASTK, DTAILX, N, T,
                   H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                   SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr,
                   NEED_DLASTK: tl.constexpr, NEED_DTAIL: tl.constexpr):
-    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    rmask = r < N
-    h = r % H
-    t = (r // H) % T
-    b = r // (H * T)
-    ck = tl.arange(0, BK)
-    kmask = ck < K
+    r, rmask, b, t, h, ck, kmask = _rows(N, T, H, K, BR, BK)
     m2k = rmask[:, None] & kmask[None, :]
     x, hp = _pair_x(K_, LASTK, TAILX, SEEN, t, b, h, rmask, ck, kmask, T, H, K, W, SHIFT, HAS_LASTK, HAS_TAIL)
     dE = tl.zeros([BR], dtype=tl.float32)
@@ -177,15 +116,7 @@ def _win_bwd_keys(K_, LASTK, TAILX, SEEN, DXW, QS, DK, DLASTK, DTAILX, N, T,
     ext = (b * (T + W - 1) + t + W - 1) * H + h
     dx = tl.load(DXW + ext[:, None] * K + ck[None, :], mask=m2k, other=0.).to(tl.float32)
     dsrc = tl.where(hp[:, None], dx + 2. * x * dE[:, None], 0.)
-    if SHIFT:
-        tl.store(DK + (r - H)[:, None] * K + ck[None, :], dsrc.to(DK.dtype.element_ty), mask=m2k & (t >= 1)[:, None])
-        tl.store(DK + r[:, None] * K + ck[None, :], tl.zeros([BR, BK], dtype=tl.float32).to(DK.dtype.element_ty),
-                 mask=m2k & (t == T - 1)[:, None])
-        if NEED_DLASTK:
-            tl.store(DLASTK + (b * H + h)[:, None] * K + ck[None, :], dsrc.to(DLASTK.dtype.element_ty),
-                     mask=m2k & (t == 0)[:, None])
-    else:
-        tl.store(DK + r[:, None] * K + ck[None, :], dsrc.to(DK.dtype.element_ty), mask=m2k)
+    _store_key_grads(DK, DLASTK, dsrc, r, rmask, b, t, h, ck, kmask, T, H, K, SHIFT, NEED_DLASTK)
     if NEED_DTAIL:  # tail row j sits in the windows of rows 0 .. j: written by each (b, h)'s row t = 0
         for j in tl.static_range(W - 1):
             xt, _ = _pair_x(K_, LASTK, TAILX, SEEN, t * 0 + (j - (W - 1)), b, h, rmask, ck, kmask, T, H, K, W, SHIFT,
