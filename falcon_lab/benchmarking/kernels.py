@@ -3,7 +3,8 @@ attention (causal) and the torch chunk form, in ONE run, at the issue's bf16 sha
 
 Every op is first checked against a float64 reference at a small shape (B=1, T=256, H=2, same K/V);
 an op that fails (or does not exist) gets no speed numbers, only a note. Timing: forward and
-forward+backward medians of triton.testing.do_bench after warm-up; peak memory of one forward+backward
+forward+backward medians of triton.testing.do_bench after warm-up, and the host time to submit one forward+backward
+(when it reaches the measured time the op is bound by its host, not its kernels); peak memory of one forward+backward
 (torch.cuda.max_memory_allocated, inputs included). Also reports the distance to the physical limit:
 the bandwidth floor (the bytes that must move — inputs read once, outputs written once; forward+backward also
 reads dO and the inputs again and writes their gradients — over 4.8 TB/s) and the tensor-core floor (the
@@ -211,6 +212,7 @@ def time_op(op, shape, profile_dir=None):
         fn(*ins).backward(do)
 
     fwdbwd = triton.testing.do_bench(fb, warmup=25, rep=100, grad_to_none=ins, return_mode="median")
+    host = host_ms(fb, ins)
     torch.cuda.synchronize()
     for t in ins:
         t.grad = None
@@ -230,7 +232,21 @@ def time_op(op, shape, profile_dir=None):
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
         (Path(profile_dir) / f"profile_{name}.txt").write_text(table)
     del ins
-    return fwd, fwdbwd, peak
+    return fwd, fwdbwd, peak, host
+
+
+def host_ms(fn, ins, n=20) -> float:
+    """Host time to submit one call of fn (n calls back to back, the GPU never waited for): when it reaches the
+    measured time, the op runs at its host's pace, not its kernels' (experiments/h200/host_bound.py has the GPU side)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        for t in ins:
+            t.grad = None
+        fn()
+    host = (time.perf_counter() - t0) / n * 1e3
+    torch.cuda.synchronize()
+    return host
 
 
 def time_core(op, shape):
@@ -335,8 +351,9 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
             try:
                 prof = str(out) if (profile and ((shape == shapes[0] and op in PROFILED)
                                                    or (shape == shapes[1] and op == "falcon-1"))) else None
-                fwd, fwdbwd, peak = time_op(op, shape, profile_dir=prof)
-                row.update(fwd_ms=round(fwd, 4), fwdbwd_ms=round(fwdbwd, 4), peak_mem_mb=round(peak, 1))
+                fwd, fwdbwd, peak, host = time_op(op, shape, profile_dir=prof)
+                row.update(fwd_ms=round(fwd, 4), fwdbwd_ms=round(fwdbwd, 4), peak_mem_mb=round(peak, 1),
+                           host_ms_fwdbwd=round(host, 4))
                 lf, lfb = limit_fractions(op, B, T, H, K, K, fwd, True), limit_fractions(op, B, T, H, K, K, fwdbwd, False)
                 row.update(bw_floor_frac_fwd=lf["bw"], bw_floor_frac_fwdbwd=lfb["bw"], tc_peak_frac_fwd=lf["tc"],
                            tc_peak_frac_fwdbwd=lfb["tc"], bound_fwdbwd=lfb["bound"],
@@ -364,17 +381,18 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
 
 
 def summary(rows):
-    lines = ["| op | B×T×H×K | fwd ms | fwd+bwd ms | core fwd ms | core fwd+bwd ms | peak MB | "
-             "bandwidth floor frac fwd+bwd (op / core) | tensor-core peak frac fwd+bwd | bound | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| op | B×T×H×K | fwd ms | fwd+bwd ms | host ms to submit fwd+bwd | core fwd ms | core fwd+bwd ms | "
+             "peak MB | bandwidth floor frac fwd+bwd (op / core) | tensor-core peak frac fwd+bwd | bound | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['op']} | {r['B']}×{r['T']}×{r['H']}×{r['K']} | {r['fwd_ms']} | {r['fwdbwd_ms']} | "
+                     f"{r.get('host_ms_fwdbwd', '')} | "
                      f"{r.get('core_fwd_ms', '')} | {r.get('core_fwdbwd_ms', '')} | {r['peak_mem_mb']} | "
                      f"{r.get('bw_floor_frac_fwdbwd')} / {r.get('core_bw_floor_frac_fwdbwd', '')} | "
                      f"{r.get('tc_peak_frac_fwdbwd', '')} | {r.get('bound_fwdbwd', '')} | {r.get('note', '')[:80]} |")
         if r.get("decode_step_graph_ms") is not None:
             lines.append(f"| falcon-1 decode step (T=1, state) | {r['B']}×1×{r['H']}×{r['K']} | eager {r['decode_step_eager_ms']} | "
-                         f"CUDA graph {r['decode_step_graph_ms']} | | | | | | | |")
+                         f"CUDA graph {r['decode_step_graph_ms']} | | | | | | | | |")
     return "\n".join(lines) + "\n"
 
 
