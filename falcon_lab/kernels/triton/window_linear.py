@@ -424,18 +424,45 @@ def window_linear_backward(q, xw, vw, eta, g, saved, dO, dST, *, read_after, C, 
                                                DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BV,
                                                read_after, dST is not None, need_ds0, prec, **st)
     dq = _empty(q.shape, q.dtype, dev)
-    dx = torch.zeros(xw.shape, dtype=f32, device=dev)  # rows 0..W-2 are only ever carried
-    dv = torch.zeros(vw.shape, dtype=f32, device=dev)
+    dxo = _empty(xw.shape, f32, dev)  # the own pairs' part (rows W-1..): rows 0..W-2 are only ever carried
+    dvo = _empty(vw.shape, f32, dev)
     DXC = torch.zeros(B * H, NT, BW, K, dtype=f32, device=dev)
     DVC = torch.zeros(B * H, NT, BW, V, dtype=f32, device=dev)
     deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
-    _wl_bwd_main[(NT, B * H)](q, xw, vw, eta, g, HS, DHS, dO, dq, dx, dv, DXC, DVC, deta, dg, T, XT, NT, H, K, V,
+    _wl_bwd_main[(NT, B * H)](q, xw, vw, eta, g, HS, DHS, dO, dq, dxo, dvo, DXC, DVC, deta, dg, T, XT, NT, H, K, V,
                               C, W, BK, BV, BW, read_after, prec, num_warps=8, **st)
-    # the carried pairs of chunk n are the rows nC + c (c < W-1): add their gradients there
-    rows = (torch.arange(NT, device=dev)[:, None] * C + torch.arange(W - 1, device=dev)[None, :]).reshape(-1)
-    dxc = DXC.view(B, H, NT, BW, K)[:, :, :, :W - 1].permute(0, 2, 3, 1, 4).reshape(B, NT * (W - 1), H, K)
-    dvc = DVC.view(B, H, NT, BW, V)[:, :, :, :W - 1].permute(0, 2, 3, 1, 4).reshape(B, NT * (W - 1), H, V)
-    dx.index_add_(1, rows, dxc)
-    dv.index_add_(1, rows, dvc)
-    return dq, dx.to(xw.dtype), dv.to(vw.dtype), deta, dg, DS0
+    return dq, _add_carried(dxo, DXC, xw.dtype, C, W, NT), _add_carried(dvo, DVC, vw.dtype, C, W, NT), deta, dg, DS0
+
+
+@triton.jit
+def _wl_carried_sum(OWN, CAR, OUT, N, XT, NT, H: tl.constexpr, D: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
+                    BWc: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    """OUT[row e] = OWN[e] (e >= W-1: a step's own pair) + CAR[chunk e // C, e % C] (e % C < W-1: a pair carried into
+    chunk e // C), in OUT's dtype, over the rows (b·XT + e)·H + h of the pair stream."""
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    rmask = r < N
+    h = r % H
+    e = (r // H) % XT
+    b = r // (H * XT)
+    cd = tl.arange(0, BD)
+    dmask = cd[None, :] < D
+    val = tl.load(OWN + r[:, None] * D + cd[None, :], mask=(rmask & (e >= W - 1))[:, None] & dmask, other=0.)
+    n = e // C
+    c = e % C
+    crow = ((b * H + h) * NT + n) * BWc + c
+    val += tl.load(CAR + crow[:, None] * D + cd[None, :], mask=(rmask & (c < W - 1) & (n < NT))[:, None] & dmask,
+                   other=0.)
+    tl.store(OUT + r[:, None] * D + cd[None, :], val.to(OUT.dtype.element_ty), mask=rmask[:, None] & dmask)
+
+
+def _add_carried(own, car, dtype, C: int, W: int, NT: int):
+    """The pair stream's gradient: the own pairs' rows (fp32, from _wl_bwd_main) plus the carried pairs' (chunk n's
+    rows nC + c, c < W-1), in the stream's dtype. One launch instead of zero-fill, gather, index_add and cast."""
+    B, XT, H, D = own.shape
+    out = _empty(own.shape, dtype, own.device)
+    BD = _np2(D)
+    BR = max(16, min(128, 4096 // BD))
+    N = B * XT * H
+    _wl_carried_sum[(cdiv(N, BR),)](own, car, out, N, XT, NT, H, D, C, W, BW, BR, BD)
+    return out
