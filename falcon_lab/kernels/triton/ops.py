@@ -19,7 +19,8 @@ Plain eager calls (no torch.compile tracing, no dispatch mode active) skip the o
 functions through a `torch.autograd.Function` (ours): a custom operator with `register_autograd` costs about
 2.5x an autograd.Function's CPU time per forward+backward (718 vs 270 us on a 2-core CPU,
 experiments/h200/custom_op_overhead.py), and at (16, 2048, 12, 64) on the H200 the Falcon ops are bound by the
-host, not by their kernels (experiments/h200/NEXT.md). Under torch.compile, selective checkpointing
+host, not by their kernels (benchmarks/results/h200_logs/kernels_2026-12-02e/: 3.51 vs 2.82 ms per Falcon-1
+fwd+bwd through the operator and the Function). Under torch.compile, selective checkpointing
 (`FalconMixer.recompute`, which keeps `falcon_lab::chunk_core_fwd`'s outputs), fake tensors or any other
 TorchDispatchMode the registered operator runs, so those still see one opaque op.
 """
