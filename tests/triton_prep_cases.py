@@ -44,10 +44,8 @@ def prep_case(c):
         ins = [t.to(dtype).requires_grad_() if t is not None else None for t in (k, beta, lam, last, tail)]
         kk, bb, ll, lk, tx = ins
         tv = tail_v.to(dtype) if tail_v is not None else None
-        if fused:
-            ci = fused_prepare(kk, v.to(dtype), bb, ll, last_k=lk, window=W, tail_x=tx, tail_v=tv, **kw)
-        else:
-            ci = prepare(kk, v.to(dtype), bb, ll, variant=variant, window=W, last_k=lk, tail_x=tx, tail_v=tv, **kw)
+        ci = (fused_prepare if fused else prepare)(kk, v.to(dtype), bb, ll, variant=variant, window=W, last_k=lk,
+                                                   tail_x=tx, tail_v=tv, **kw)
         used = [t for t in ins if t is not None]
         loss = (ci.xw * dx.to(dtype)).sum() + (ci.eta * de.to(ci.eta.dtype)).sum() + (ci.g * dg.to(ci.g.dtype)).sum()
         grads = torch.autograd.grad(loss, used, allow_unused=True)

@@ -21,12 +21,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import time
 from pathlib import Path
 
 import torch
 
-from falcon_lab.benchmarking.kernels import WINDOW, _commit, make_fn, make_inputs
+from falcon_lab.benchmarking.kernels import WINDOW, _commit, host_ms, make_fn, make_inputs
 
 SHAPES = [(16, 2048, 12, 64), (1, 32768, 6, 128)]
 OPS = ["falcon-1", "falcon-1A", "falcon-3A", "falcon-3A-banded", "fla_chunk_delta_rule", "sdpa_flash"]
@@ -56,8 +55,8 @@ def eager_path(path: str):
 
 @contextlib.contextmanager
 def prep_path(path: str):
-    """The Triton backend's prep for window 1: "fused" (kernels/triton/prep.py) or "torch" (kernels/prep.py).
-    The fused one runs on CUDA where PROVEN_PREP or FALCON_TRITON_UNPROVEN=1."""
+    """The Triton backend's prep: "fused" (kernels/triton/prep.py, prep_window.py) or "torch" (kernels/prep.py).
+    The fused one runs on CUDA for the variants in PROVEN_PREP, or any with FALCON_TRITON_UNPROVEN=1."""
     import falcon_lab.kernels.triton as kt
 
     prev = kt._PREP
@@ -80,17 +79,7 @@ def measure(op, shape, n_host=30):
         fn(*ins).backward(do)
 
     bench = triton.testing.do_bench(fb, warmup=25, rep=100, grad_to_none=ins, return_mode="median")
-    for _ in range(3):
-        fb()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n_host):
-        for t in ins:
-            t.grad = None
-        fb()
-    host = (time.perf_counter() - t0) / n_host * 1e3
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0) / n_host * 1e3
+    host = host_ms(fb, ins, n=n_host)
     from torch.profiler import ProfilerActivity, profile
 
     n_prof = 5
@@ -109,7 +98,7 @@ def measure(op, shape, n_host=30):
     fb()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() / 2 ** 20
-    return dict(bench_ms=round(bench, 4), host_ms=round(host, 4), wall_ms=round(wall, 4),
+    return dict(bench_ms=round(bench, 4), host_ms=round(host, 4),
                 gpu_ms=round(gpu_us / n_prof / 1e3, 4), gpu_kernels_per_call=round(n_kernels, 1),
                 peak_mb=round(peak, 1))
 

@@ -38,18 +38,20 @@ def compile_bwd_state(K, C, warps=8, BV=None):
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
 
 
+def mma_counts(k) -> str:
+    """The build's tensor-core instructions (wgmma / mma.sync shapes) and how often each stands in its PTX."""
+    mmas = Counter(re.findall(r"(wgmma\.mma_async\S*|mma\.sync\S*)", k.asm["ptx"]))
+    return ", ".join(f"{n} x{c}" for n, c in sorted(mmas.items()))
+
+
 def main():
     print(f"triton {triton.__version__}")
     for K in (16, 64, 128):
         for C in (16, 32, 64):
             k = compile_bwd_state(K, C)
-            mmas = Counter(re.findall(r"(wgmma\.mma_async\S*|mma\.sync\S*)", k.asm["ptx"]))
-            counts = ", ".join(f"{n} x{c}" for n, c in sorted(mmas.items()))
-            print(f"K={K} C={C}: shared {k.metadata.shared} B, {counts}")
+            print(f"K={K} C={C}: shared {k.metadata.shared} B, {mma_counts(k)}")
     # the launcher's fp32 build since 2026-12-02 (value tiles >= 32): no m64n8k8 left
-    k = compile_bwd_state(16, 64, BV=32)
-    mmas = Counter(re.findall(r"(wgmma\.mma_async\S*|mma\.sync\S*)", k.asm["ptx"]))
-    print("K=16 C=64 BV=32: " + ", ".join(f"{n} x{c}" for n, c in sorted(mmas.items())))
+    print(f"K=16 C=64 BV=32: {mma_counts(compile_bwd_state(16, 64, BV=32))}")
 
 
 if __name__ == "__main__":

@@ -157,18 +157,14 @@ def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read,
     grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, beta, lam, *([S0] if S0 is not None else [])))
     choice = select(spec, q, window=W, grad=grad, backend=backend, step=(mode == "step"))
+    prep = prepare
     if choice.label == "triton" and _fused_prep(spec, W, q):
-        from .triton import fused_prepare
-
-        inp = fused_prepare(k, v, beta, lam, shift=shift, step=step, lam_mode=lam_mode, eps=eps, eps_gamma=eps_gamma,
-                            seen=seen, last_k=st.last_k if st is not None else None, valid=valid, window=W,
-                            tail_x=st.tail_x if st is not None else None, tail_v=st.tail_v if st is not None else None)
-    else:
-        inp = prepare(k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
-                      shift=shift, eps=eps, eps_gamma=eps_gamma, seen=seen,
-                      last_k=st.last_k if st is not None else None,
-                      tail_x=st.tail_x if st is not None else None,
-                      tail_v=st.tail_v if st is not None else None, valid=valid)
+        from .triton import fused_prepare as prep  # same arguments, same CoreInputs
+    inp = prep(k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
+               shift=shift, eps=eps, eps_gamma=eps_gamma, seen=seen,
+               last_k=st.last_k if st is not None else None,
+               tail_x=st.tail_x if st is not None else None,
+               tail_v=st.tail_v if st is not None else None, valid=valid)
     o, S = choice.core(q, inp.xw, inp.vw, inp.eta, inp.g, S0, delta=delta, window=W, read_after=(read == "after"),
                 chunk_size=chunk_size)
     final = None

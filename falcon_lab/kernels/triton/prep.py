@@ -263,20 +263,21 @@ class _FusedPrep(torch.autograd.Function):
         return dk, dbeta, dlam, dlast, None, None, None
 
 
-def fused_prepare(k, v, beta, lam, *, shift: bool, step: str, lam_mode: str, eps: float, eps_gamma: float,
-                  seen: torch.Tensor, last_k: Optional[torch.Tensor] = None, valid: Optional[torch.Tensor] = None,
-                  window: int = 1, tail_x: Optional[torch.Tensor] = None, tail_v: Optional[torch.Tensor] = None):
-    """`prep.prepare` for window 1 (variants 1, 1A, 2, 2A; xw = x, vw = v) or, window > 1, for Falcon-3A
-    (prep_window.py): the same CoreInputs."""
-    from ..prep import CoreInputs
+def fused_prepare(k, v, beta, lam, *, variant: str, window: int, step: str, lam_mode: str, shift: bool, eps: float,
+                  eps_gamma: float, seen: torch.Tensor, last_k: Optional[torch.Tensor] = None,
+                  tail_x: Optional[torch.Tensor] = None, tail_v: Optional[torch.Tensor] = None,
+                  valid: Optional[torch.Tensor] = None):
+    """`prep.prepare` (same arguments, same CoreInputs) on the fused kernels: window 1 (variants 1, 1A, 2, 2A; xw = x,
+    vw = v) here, Falcon-3A (window > 1) in prep_window.py. Falcon-3 is not covered (`prep_check` says so)."""
+    from ..prep import CoreInputs, effective_window
 
-    if window > 1:
+    W = effective_window(variant, window)
+    if W > 1:
         from .prep_window import fused_window_prepare
 
-        return fused_window_prepare(k, v, beta, lam, window=window, shift=shift, step=step, lam_mode=lam_mode, eps=eps,
+        return fused_window_prepare(k, v, beta, lam, window=W, shift=shift, step=step, lam_mode=lam_mode, eps=eps,
                                     eps_gamma=eps_gamma, seen=seen, last_k=last_k, tail_x=tail_x, tail_v=tail_v,
                                     valid=valid)
-
     cfg = (bool(shift), step == "nlms", lam_mode == "scaled", float(eps), float(eps_gamma))
     last = last_k.to(k.dtype).contiguous() if last_k is not None else None
     x, eta, g, stat = _FusedPrep.apply(k.contiguous(), beta.contiguous(), lam.contiguous(), last,
