@@ -30,23 +30,12 @@ A, Wt, Vt and R (the residuals) are stored in the input dtype (as fla does).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from .host import cdiv, next_pow2
-
-# Debug aid for the GPU checks: allocate outputs filled with NaN so unwritten elements show.
-POISON = os.environ.get("FALCON_TRITON_POISON", "0") == "1"
-FP32_DOT = os.environ.get("FALCON_TRITON_FP32_DOT", "tf32x3")  # read once (see _prec)
-
-
-def _empty(shape, dtype, device):
-    if POISON:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
+from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _state_init,  # noqa: F401
+                     _state_put, _state_tile, cdiv, launch)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -226,23 +215,12 @@ def _fwd_state(X, VV, ETA, G, WT, VT, S0, HS, R, ST, T, XT, XOFF, NT, H: tl.cons
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    cv = vb * BV + tl.arange(0, BV)
-    vmask = cv < V
-    smask = kmask[:, None] & vmask[None, :]
-    soff = ck[:, None] * V + cv[None, :]
+    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
-    if HAS_S0:
-        S = tl.load(S0 + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
-    else:
-        S = tl.zeros([BK, BV], dtype=tl.float32)
+    S = _state_init(S0, bh64, soff, smask, HAS_S0, K, V, BK, BV)
     for n in range(0, NT):
-        tl.store(HS + (bh64 * NT + n) * K * V + soff, S, mask=smask)
-        rows = n * C + i
-        rmask = rows < T
-        tok = (b * T + rows).to(tl.int64) * H + h
-        xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+        _state_put(HS, S, bh64, n, NT, soff, smask, K, V)
+        rows, rmask, tok, xtok = _chunk_rows(b, h, n, i, T, XT, XOFF, H, C)
         x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
         dt = x.dtype
         eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
@@ -273,10 +251,7 @@ def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    rows = n * C + i
-    rmask = rows < T
-    tok = (b * T + rows).to(tl.int64) * H + h
-    xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+    rows, rmask, tok, xtok = _chunk_rows(b, h, n, i, T, XT, XOFF, H, C)
     ck = tl.arange(0, BK)
     kmask = ck < K
     cv = vb * BV + tl.arange(0, BV)
@@ -322,10 +297,7 @@ def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: 
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    rows = n * C + i
-    rmask = rows < T
-    tok = (b * T + rows).to(tl.int64) * H + h
-    xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+    rows, rmask, tok, xtok = _chunk_rows(b, h, n, i, T, XT, XOFF, H, C)
     ck = tl.arange(0, BK)
     kmask = ck < K
     cv = vb * BV + tl.arange(0, BV)
@@ -360,24 +332,13 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    cv = vb * BV + tl.arange(0, BV)
-    vmask = cv < V
-    smask = kmask[:, None] & vmask[None, :]
-    soff = ck[:, None] * V + cv[None, :]
+    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
-    if HAS_DST:
-        dH = tl.load(DST + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
-    else:
-        dH = tl.zeros([BK, BV], dtype=tl.float32)
+    dH = _state_init(DST, bh64, soff, smask, HAS_DST, K, V, BK, BV)
     for nn in range(0, NT):
         n = NT - 1 - nn
-        tl.store(DHS + (bh64 * NT + n) * K * V + soff, dH, mask=smask)
-        rows = n * C + i
-        rmask = rows < T
-        tok = (b * T + rows).to(tl.int64) * H + h
-        xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+        _state_put(DHS, dH, bh64, n, NT, soff, smask, K, V)
+        rows, rmask, tok, xtok = _chunk_rows(b, h, n, i, T, XT, XOFF, H, C)
         km = rmask[:, None] & kmask[None, :]
         vm = rmask[:, None] & vmask[None, :]
         x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
@@ -414,10 +375,7 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    rows = n * C + i
-    rmask = rows < T
-    tok = (b * T + rows).to(tl.int64) * H + h
-    xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+    rows, rmask, tok, xtok = _chunk_rows(b, h, n, i, T, XT, XOFF, H, C)
     ck = tl.arange(0, BK)
     kmask = ck < K
     km = rmask[:, None] & kmask[None, :]
@@ -531,49 +489,10 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
 # ------------------------------------------------------------------------------------------------
 # launchers and the autograd function
 # ------------------------------------------------------------------------------------------------
-def _np2(n: int) -> int:
-    return max(16, next_pow2(int(n)))
-
-
-def _cfg(K: int, V: int):
-    """Tile sizes (ours): the whole key dimension in one tile, value blocks of BV columns."""
-    BK = _np2(K)
-    BV_state = 64 if BK <= 64 else 32
-    BV_out = min(64, _np2(V))
-    BV_main = 64 if BK <= 64 else 32
-    warps_main = 8  # five [C, BK]/[C, C] fp32 accumulators live in the value loop
-    return BK, min(BV_state, _np2(V)), BV_out, min(BV_main, _np2(V)), warps_main
-
-
-def _prec(dtype: torch.dtype, allow_tf32: bool, device: torch.device) -> str:
-    """Dot precision for fp32 operands (16-bit operands ignore it). Default (ours): "tf32x3", the
-    three-pass split-TF32 product on tensor cores, which keeps fp32-level accuracy; plain "ieee" FMA
-    dots are available (FALCON_TRITON_FP32_DOT=ieee) but took minutes of ptxas time per kernel set on
-    the H200 (Triton 3.6). "tf32" only when asked (allow_tf32). The interpreter always uses "ieee"."""
-    if dtype != torch.float32:
-        return "tf32"
-    if allow_tf32:
-        return "tf32"
-    if device.type == "cpu":
-        return "ieee"
-    return FP32_DOT
-
-
-def _stages(dtype: torch.dtype) -> dict:
-    # fp32 tiles of K=128 overflowed the 227 KB of shared memory with 3 pipeline stages (measured)
-    return {"num_stages": 1} if dtype == torch.float32 else {}
-
-
 def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf32=False,
                   out_dtype=None, group=1):
-    B, T, H, K = q.shape
+    B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32)
     XT = x.shape[1]
-    V = v.shape[-1]
-    NT = cdiv(T, C)
-    BK, BVs, BVo, _, _ = _cfg(K, V)
-    dev = q.device
-    prec = _prec(q.dtype, allow_tf32, q.device)
-    st = _stages(q.dtype)
     f32 = torch.float32
     if delta:
         A = torch.empty(B, T, H, C, dtype=f32, device=dev)
@@ -598,14 +517,8 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
 def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xoff=0,
                    allow_tf32=False, need_ds0=True, group=1):
     HS, A, WT, R = saved
-    B, T, H, K = q.shape
+    B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32)
     XT = x.shape[1]
-    V = v.shape[-1]
-    NT = cdiv(T, C)
-    BK, BVs, BVo, BVm, wm = _cfg(K, V)
-    dev = q.device
-    prec = _prec(q.dtype, allow_tf32, q.device)
-    st = _stages(q.dtype)
     f32 = torch.float32
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     _bwd_dul[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,

@@ -21,8 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk import _cfg, _empty, _prec, _stages
-from .host import cdiv
+from .common import _chunk_rows, _empty, _state_init, _state_put, _state_tile, cdiv, launch
 
 SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per program)
 
@@ -36,22 +35,12 @@ def _pc_fwd_state(X, VV, ETA, G, S0, HS, ST, T, NT, H: tl.constexpr, K: tl.const
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    cv = vb * BV + tl.arange(0, BV)
-    vmask = cv < V
-    smask = kmask[:, None] & vmask[None, :]
-    soff = ck[:, None] * V + cv[None, :]
+    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
-    if HAS_S0:
-        S = tl.load(S0 + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
-    else:
-        S = tl.zeros([BK, BV], dtype=tl.float32)
+    S = _state_init(S0, bh64, soff, smask, HAS_S0, K, V, BK, BV)
     for n in range(0, NT):
-        tl.store(HS + (bh64 * NT + n) * K * V + soff, S, mask=smask)
-        rows = n * C + i
-        rmask = rows < T
-        tok = (b * T + rows).to(tl.int64) * H + h
+        _state_put(HS, S, bh64, n, NT, soff, smask, K, V)
+        rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
         x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
         vm = rmask[:, None] & vmask[None, :]
         v = tl.load(VV + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
@@ -73,9 +62,7 @@ def _pc_fwd_inter(Q, G, HS, OF, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.c
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    rows = n * C + i
-    rmask = rows < T
-    tok = (b * T + rows).to(tl.int64) * H + h
+    rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
     ck = tl.arange(0, BK)
     kmask = ck < K
     cv = vb * BV + tl.arange(0, BV)
@@ -103,9 +90,7 @@ def _pc_fwd_intra(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, 
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    rows = n * C + i
-    rmask = rows < T
-    tok = (b * T + rows).to(tl.int64) * H + h
+    rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
     ck = tl.arange(0, BK)
     km = rmask[:, None] & (ck < K)[None, :]
     q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
@@ -143,23 +128,13 @@ def _pc_bwd_state(Q, X, G, DO, DST, DHS, DU, DS0, T, NT, H: tl.constexpr, K: tl.
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    cv = vb * BV + tl.arange(0, BV)
-    vmask = cv < V
-    smask = kmask[:, None] & vmask[None, :]
-    soff = ck[:, None] * V + cv[None, :]
+    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
-    if HAS_DST:
-        dH = tl.load(DST + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
-    else:
-        dH = tl.zeros([BK, BV], dtype=tl.float32)
+    dH = _state_init(DST, bh64, soff, smask, HAS_DST, K, V, BK, BV)
     for nn in range(0, NT):
         n = NT - 1 - nn
-        tl.store(DHS + (bh64 * NT + n) * K * V + soff, dH, mask=smask)
-        rows = n * C + i
-        rmask = rows < T
-        tok = (b * T + rows).to(tl.int64) * H + h
+        _state_put(DHS, dH, bh64, n, NT, soff, smask, K, V)
+        rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
         km = rmask[:, None] & kmask[None, :]
         vm = rmask[:, None] & vmask[None, :]
         x = tl.load(X + tok[:, None] * K + ck[None, :], mask=km, other=0.)
@@ -189,9 +164,7 @@ def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, 
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    rows = n * C + i
-    rmask = rows < T
-    tok = (b * T + rows).to(tl.int64) * H + h
+    rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
     ck = tl.arange(0, BK)
     kmask = ck < K
     km = rmask[:, None] & kmask[None, :]
@@ -276,13 +249,7 @@ def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, 
 
 def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32):
     """Falcon-2A core forward (per-column γ, η; linear; window 1) -> (O, S_T, saved for backward)."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    NT = cdiv(T, C)
-    BK, BVs, BVo, BVm, wm = _cfg(K, V)
-    dev = q.device
-    prec = _prec(q.dtype, allow_tf32, dev)
-    st = _stages(q.dtype)
+    B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32)
     f32 = torch.float32
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     ST = _empty((B, H, K, V), f32, dev)
@@ -300,13 +267,7 @@ def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32):
 def percol_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf32, need_ds0):
     """Falcon-2A core backward -> (dq, dx, dv, deta, dg, dS0 or None)."""
     (HS,) = saved
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    NT = cdiv(T, C)
-    BK, BVs, BVo, BVm, wm = _cfg(K, V)
-    dev = q.device
-    prec = _prec(q.dtype, allow_tf32, dev)
-    st = _stages(q.dtype)
+    B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32)
     f32 = torch.float32
     if dO is None:
         dO = torch.zeros(B, T, H, V, dtype=q.dtype, device=dev)

@@ -34,8 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk import _cfg, _empty, _prec, _stages
-from .host import cdiv
+from .common import _chunk_rows, _empty, _state_init, _state_put, _state_tile, cdiv, launch
 from .percol import SB, _pc_bwd_main, _pc_fwd_inter, _pc_fwd_intra
 
 
@@ -48,22 +47,12 @@ def _pcd_fwd_state(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K: tl.
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    cv = vb * BV + tl.arange(0, BV)
-    vmask = cv < V
-    smask = kmask[:, None] & vmask[None, :]
-    soff = ck[:, None] * V + cv[None, :]
+    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
-    if HAS_S0:
-        S = tl.load(S0 + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
-    else:
-        S = tl.zeros([BK, BV], dtype=tl.float32)
+    S = _state_init(S0, bh64, soff, smask, HAS_S0, K, V, BK, BV)
     for n in range(0, NT):
-        tl.store(HS + (bh64 * NT + n) * K * V + soff, S, mask=smask)
-        rows = n * C + i
-        rmask = rows < T
-        tok = (b * T + rows).to(tl.int64) * H + h
+        _state_put(HS, S, bh64, n, NT, soff, smask, K, V)
+        rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
         x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
         vm = rmask[:, None] & vmask[None, :]
         off = tok[:, None] * V + cv[None, :]
@@ -99,9 +88,7 @@ def _pcd_bwd_dui(Q, X, G, DO, DUI, T, H: tl.constexpr, K: tl.constexpr, V: tl.co
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    rows = n * C + i
-    rmask = rows < T
-    tok = (b * T + rows).to(tl.int64) * H + h
+    rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
     ck = tl.arange(0, BK)
     km = rmask[:, None] & (ck < K)[None, :]
     q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
@@ -139,23 +126,13 @@ def _pcd_bwd_state(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H: tl
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    cv = vb * BV + tl.arange(0, BV)
-    vmask = cv < V
-    smask = kmask[:, None] & vmask[None, :]
-    soff = ck[:, None] * V + cv[None, :]
+    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
-    if HAS_DST:
-        dH = tl.load(DST + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
-    else:
-        dH = tl.zeros([BK, BV], dtype=tl.float32)
+    dH = _state_init(DST, bh64, soff, smask, HAS_DST, K, V, BK, BV)
     for nn in range(0, NT):
         n = NT - 1 - nn
-        tl.store(DHS + (bh64 * NT + n) * K * V + soff, dH, mask=smask)
-        rows = n * C + i
-        rmask = rows < T
-        tok = (b * T + rows).to(tl.int64) * H + h
+        _state_put(DHS, dH, bh64, n, NT, soff, smask, K, V)
+        rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
         km = rmask[:, None] & kmask[None, :]
         vm = rmask[:, None] & vmask[None, :]
         off = tok[:, None] * V + cv[None, :]
@@ -206,9 +183,7 @@ def _pcd_bwd_solve(X, ETA, G, HS, RR, DRHS, SUP, SU, DX32, DX, DV, DETA, DG, T, 
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    rows = n * C + i
-    rmask = rows < T
-    tok = (b * T + rows).to(tl.int64) * H + h
+    rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
     ck = tl.arange(0, BK)
     kmask = ck < K
     km = rmask[:, None] & kmask[None, :]
@@ -279,16 +254,10 @@ def _check_layout(**named):
 
 def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32):
     """Falcon-2 core forward (per-column γ, η; regression; window 1) -> (O, S_T, saved for backward)."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    NT = cdiv(T, C)
+    B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32)
     # bounds precondition of every pointer below (window 1: x and v have T rows, not T + W - 1)
     _check_layout(q=(q, (B, T, H, K)), x=(x, (B, T, H, K)), v=(v, (B, T, H, V)), eta=(eta, (B, T, H, V)),
                   g=(g, (B, T, H, V)), S0=(S0, (B, H, K, V)))
-    BK, BVs, BVo, BVm, wm = _cfg(K, V)
-    dev = q.device
-    prec = _prec(q.dtype, allow_tf32, dev)
-    st = _stages(q.dtype)
     f32 = torch.float32
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     RR = torch.empty(B, T, H, V, dtype=f32, device=dev)
@@ -308,13 +277,7 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     """Falcon-2 core backward -> (dq, dx, dv, deta, dg, dS0 or None)."""
     HS, RR = saved
     v_dtype = v.dtype
-    B, T, H, K = q.shape
-    V = RR.shape[-1]
-    NT = cdiv(T, C)
-    BK, BVs, BVo, BVm, wm = _cfg(K, V)
-    dev = q.device
-    prec = _prec(q.dtype, allow_tf32, dev)
-    st = _stages(q.dtype)
+    B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, RR.shape[-1], C, allow_tf32)
     f32 = torch.float32
     if dO is None:
         dO = torch.zeros(B, T, H, V, dtype=q.dtype, device=dev)

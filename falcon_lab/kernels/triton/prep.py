@@ -26,8 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk import _empty, _np2
-from .host import cdiv
+from .common import _empty, _np2, cdiv
 
 
 @triton.jit

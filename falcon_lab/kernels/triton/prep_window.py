@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk import _empty, _np2
-from .host import cdiv
+from .common import _empty, _np2, cdiv
+
 from .prep import _block_rows, _keep, _log1m, _pair_x, _rows, _step, _step_bwd, _store_key_grads
 
 

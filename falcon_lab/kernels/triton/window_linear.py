@@ -39,8 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk import _empty, _np2, _prec, _stages
-from .host import cdiv
+from .common import _empty, _np2, _prec, _stages, _state_get, _state_init, _state_put, _state_tile, cdiv
 
 BW = 16  # the carried-pairs tile (W - 1 <= 15 rows used)
 
@@ -77,16 +76,6 @@ def _chunk_vecs(G, b, h, n, i, T, H: tl.constexpr, C: tl.constexpr, READ_AFTER: 
     else:
         ur = u - g
     return rmask, tok, g, u, ur
-
-
-@triton.jit
-def _state_tile(vb, bh, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """A [BK, BV] tile of a (b, h) state: (key/value indices and masks, offsets, mask) for value block vb."""
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    cv = vb * BV + tl.arange(0, BV)
-    vmask = cv < V
-    return ck, kmask, cv, vmask, ck[:, None] * V + cv[None, :], kmask[:, None] & vmask[None, :]
 
 
 @triton.jit
@@ -164,14 +153,11 @@ def _wl_fwd_state(XW, VW, ETA, G, S0, HS, ST, T, XT, NT, H: tl.constexpr, K: tl.
     h = bh % H
     i = tl.arange(0, C)
     c = tl.arange(0, BWc)
-    ck, kmask, cv, vmask, soff, smask = _state_tile(vb, bh, K, V, BK, BV)
+    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
-    if HAS_S0:
-        S = tl.load(S0 + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
-    else:
-        S = tl.zeros([BK, BV], dtype=tl.float32)
+    S = _state_init(S0, bh64, soff, smask, HAS_S0, K, V, BK, BV)
     for n in range(0, NT):
-        tl.store(HS + (bh64 * NT + n) * K * V + soff, S, mask=smask)
+        _state_put(HS, S, bh64, n, NT, soff, smask, K, V)
         rmask, tok, g, u, ur = _chunk_vecs(G, b, h, n, i, T, H, C, True)
         eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
         uC = tl.sum(g, 0)
@@ -197,7 +183,7 @@ def _wl_fwd_out(Q, XW, VW, ETA, G, HS, O, T, XT, NT, H: tl.constexpr, K: tl.cons
     h = bh % H
     i = tl.arange(0, C)
     c = tl.arange(0, BWc)
-    ck, kmask, cv, vmask, soff, smask = _state_tile(vb, bh, K, V, BK, BV)
+    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     rmask, tok, g, u, ur = _chunk_vecs(G, b, h, n, i, T, H, C, READ_AFTER)
     eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
     otok, ctok, cm = _pair_rows(b, h, n, i, c, XT, H, C, W)
@@ -207,7 +193,7 @@ def _wl_fwd_out(Q, XW, VW, ETA, G, HS, O, T, XT, NT, H: tl.constexpr, K: tl.cons
     vo, vc = _load_pairs(VW, otok, ctok, rmask, cm, cv, vmask, V)
     Po = tl.dot(q, tl.trans(xo), input_precision=PREC) * _band_own(G, ETA, b, h, n, i, g, ur, T, H, C, W, READ_AFTER)
     Pc = tl.dot(q, tl.trans(xc), input_precision=PREC) * _band_carried(i, c, u, eta, ur, C, W, READ_AFTER, BWc)
-    S = tl.load(HS + (bh.to(tl.int64) * NT + n) * K * V + soff, mask=smask, other=0.)
+    S = _state_get(HS, bh, n, NT, soff, smask, K, V)
     o = tl.dot(q, S.to(dt), input_precision=PREC) * tl.exp(ur)[:, None]
     o += tl.dot(Po.to(dt), vo, input_precision=PREC)
     o += tl.dot(Pc.to(dt), vc, input_precision=PREC)
@@ -224,15 +210,12 @@ def _wl_bwd_state(Q, G, DO, DST, DHS, DS0, T, NT, H: tl.constexpr, K: tl.constex
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    ck, kmask, cv, vmask, soff, smask = _state_tile(vb, bh, K, V, BK, BV)
+    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
-    if HAS_DST:
-        dH = tl.load(DST + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
-    else:
-        dH = tl.zeros([BK, BV], dtype=tl.float32)
+    dH = _state_init(DST, bh64, soff, smask, HAS_DST, K, V, BK, BV)
     for nn in range(0, NT):
         n = NT - 1 - nn
-        tl.store(DHS + (bh64 * NT + n) * K * V + soff, dH, mask=smask)
+        _state_put(DHS, dH, bh64, n, NT, soff, smask, K, V)
         rmask, tok, g, u, ur = _chunk_vecs(G, b, h, n, i, T, H, C, READ_AFTER)
         q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
         do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=rmask[:, None] & vmask[None, :], other=0.)

@@ -1,0 +1,263 @@
+"""Fingerprint the GPU code of every Triton kernel in falcon_lab, on a machine without a GPU.
+
+Each kernel launch that the launchers make for a grid of configurations is recorded (not run), compiled for the H200
+(sm_90) with the H200's Triton up to PTX, and the PTX hashed after removing what names and debug lines change (the
+kernel's name, line info). Two trees whose kernels hash the same compile to the same PTX, so to the same GPU code: a
+kernel proven on the H200 stays proven through a change of the Python around it (a refactor into shared helpers, a
+renamed launcher) exactly when its fingerprints are unchanged. Ours (a check of the carry-over, not a proof of
+correctness by itself).
+
+    pip install --no-deps --target /tmp/t36 triton==3.6.0          # the H200's Triton (platform-notes)
+    PYTHONPATH=/tmp/t36 .venv/bin/python experiments/h200/ptx_fingerprint.py --out new.json
+    git worktree add /tmp/old <commit>
+    PYTHONPATH=/tmp/t36 .venv/bin/python experiments/h200/ptx_fingerprint.py --tree /tmp/old --out old.json
+    .venv/bin/python experiments/h200/ptx_fingerprint.py --compare old.json new.json
+
+A build is named by kernel, dtype, K = V, chunk C, read order and the family's flags; its fingerprint covers the
+specialisation Triton derives from the arguments (pointer alignment, integers divisible by 16) as on the GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+os.environ.pop("TRITON_INTERPRET", None)
+os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+
+
+class _Ptx(Exception):
+    """Raised in place of the stage after the one hashed: compiling stops there (no ptxas run)."""
+
+
+STAGE = "ttir"
+
+
+def _normalise(code: str, name: str) -> str:
+    """PTX or TTIR without comments, line info and locations, the kernel's name replaced."""
+    out = []
+    for line in code.splitlines():
+        s = re.sub(r"\s*loc\((#loc\d*|\"[^\"]*\"(:\d+)*|unknown)\)", "", line.strip())
+        if not s or s.startswith(("//", ".loc", ".file", "#loc")):
+            continue
+        out.append(s)
+    text = "\n".join(out).replace(name, "KERNEL")
+    sig = re.search(r"tt\.func public @KERNEL\((.*)\) attributes", text)
+    if sig:
+        # TTIR names the arguments after the Python parameters, and a kernel shared by several families carries
+        # the arguments of all: drop the ones the body never reads and number the rest in order.
+        head, body = text[:sig.start()], text[sig.end():]
+        kept = []
+        for decl in re.split(r", (?=%\w+: )", sig.group(1)):
+            arg = re.match(r"%(\w+): ", decl).group(1)
+            if re.search(rf"%{arg}\b", body):
+                kept.append((arg, decl))
+        for i, (arg, _) in enumerate(kept):
+            body = re.sub(rf"%{arg}\b", f"%arg_{i}", body)
+        decls = ", ".join(re.sub(r"^%\w+", f"%arg_{i}", d) for i, (_, d) in enumerate(kept))
+        text = f"{head}tt.func public @KERNEL({decls}) attributes{body}"
+        # Constants are hoisted to the function's entry in the order the inliner met them: name each by its value
+        # and list them sorted, so that order (which computes nothing) does not count.
+        consts = dict(re.findall(r"^(%\w+) = (arith\.constant .*)$", text, flags=re.M))
+        names = {k: "%const_" + hashlib.sha256(v.encode()).hexdigest()[:10] for k, v in consts.items()}
+        lines = [ln for ln in text.split("\n") if not re.match(r"^%\w+ = arith\.constant ", ln)]
+        text = "\n".join(sorted(f"{names[k]} = {v}" for k, v in consts.items()) + lines)
+        text = re.sub(r"%\w+", lambda m: names.get(m.group(0), m.group(0)), text)
+    return text
+
+
+def _record(tree: str, quick: bool):
+    """Run the public Triton `core` (forward and backward) and the fused preps on CPU tensors with every kernel
+    launch recorded instead of run: [(label, JITFunction, args, kwargs)]. `core` picks the families, chunk caps and
+    flags exactly as on the GPU (Falcon-3's expansion, Falcon-3A's W scans, ...)."""
+    sys.path.insert(0, tree)
+    import torch
+    from triton.runtime.jit import JITFunction
+
+    records, label = [], [""]
+
+    def fake_run(self, *args, grid, warmup, **kwargs):
+        records.append((label[0], self, args, kwargs))
+
+    JITFunction.run = fake_run
+    import falcon_lab.kernels.triton as ft
+
+    if not os.path.abspath(ft.__file__).startswith(os.path.abspath(tree) + os.sep):
+        raise SystemExit(f"imported {ft.__file__}, not the tree {tree}")
+
+    ft._INTERPRET = True  # lets `core` take CPU tensors; the kernels are JITFunctions (TRITON_INTERPRET unset)
+    ft._UNPROVEN = True   # every kernel that exists, proven or not
+    T, B, H = 100, 1, 2
+    dts = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    Ks = (16, 128) if quick else (16, 64, 128)
+    Cs = (16, 64) if quick else (16, 32, 64)
+    # (name, delta, per_column, window, fused_window)
+    variants = [("1", 1, 0, 1, None), ("1A", 0, 0, 1, None), ("2", 1, 1, 1, None), ("2A", 0, 1, 1, None),
+                ("3", 1, 0, 4, None), ("3A-scans", 0, 0, 4, False), ("3A-banded", 0, 0, 4, True)]
+    for dn, dt in dts.items():
+        for K in Ks:
+            V = K
+            for name, delta, pc, W, fused in variants:
+                for ra in (True, False):
+                    def inputs(T):
+                        q = torch.randn(B, T, H, K, dtype=dt, requires_grad=True)
+                        xw = torch.randn(B, T + W - 1, H, K, dtype=dt, requires_grad=True)
+                        vw = torch.randn(B, T + W - 1, H, V, dtype=dt, requires_grad=True)
+                        shape = (B, T, H, V) if pc else (B, T, H)
+                        eta = torch.rand(shape, requires_grad=True)
+                        g = (-torch.rand(shape)).requires_grad_()
+                        S0 = torch.randn(B, H, K, V, requires_grad=True)
+                        return q, xw, vw, eta, g, S0
+                    kw = dict(delta=bool(delta), window=W, read_after=ra)
+                    if fused is not None:
+                        kw["fused_window"] = fused
+                    for C in Cs:
+                        label[0] = f"{name} {dn} K={K} C={C} read_after={int(ra)}"
+                        ins = inputs(T)
+                        o, s = ft.core(*ins, chunk_size=C, **kw)
+                        torch.autograd.grad(o.float().sum() + s.sum(), ins)
+                    label[0] = f"{name} decode {dn} K={K} read_after={int(ra)}"
+                    with torch.no_grad():
+                        ft.core(*inputs(1), chunk_size=64, **kw)
+    _record_prep(records, label, dts, quick)
+    return records
+
+
+def _record_prep(records, label, dts, quick):
+    import torch
+    from falcon_lab.kernels.triton import prep
+
+    B, T, H, K = 1, 100, 2, 64
+    has_window = True
+    try:
+        from falcon_lab.kernels.triton import prep_window
+    except ImportError:
+        has_window = False
+    for dn, dt in dts.items():
+        for per_col in (0, 1):
+            for shift, nlms, scaled, last, valid in ((1, 1, 1, 1, 1), (1, 1, 0, 0, 0), (0, 0, 1, 0, 0)):
+                V = K
+                k = torch.randn(B, T, H, K, dtype=dt, requires_grad=True)
+                beta = torch.rand(B, T, H, V if per_col else 1, dtype=dt).squeeze(-1).requires_grad_()
+                lam = torch.rand(B, T, H, dtype=dt, requires_grad=True)
+                lk = torch.randn(B, H, K, dtype=dt, requires_grad=True) if last else None
+                seen = torch.ones(B, dtype=torch.int64)
+                vmask = torch.ones(B, T, dtype=torch.int8) if valid else None
+                cfg = (bool(shift), bool(nlms), bool(scaled), 1e-6, 1e-4)
+                label[0] = f"prep[per_col={per_col},shift={shift},nlms={nlms},scaled={scaled},last={last}," \
+                           f"valid={valid}] {dn}"
+                x, eta, g, stat = prep._FusedPrep.apply(k, beta, lam, lk, seen, vmask, cfg)
+                torch.autograd.grad((x.float().sum() + eta.float().sum() + g.float().sum()),
+                                    [t for t in (k, beta, lam, lk) if t is not None], allow_unused=True)
+                if has_window and not per_col:
+                    W = 4
+                    tx = torch.randn(B, W - 1, H, K, dtype=dt, requires_grad=True) if last else None
+                    label[0] = label[0].replace("prep[", "prep_window[W=4,")
+                    xw, eta, g, stat = prep_window._FusedWindowPrep.apply(k, beta, lam, lk, tx, seen, vmask,
+                                                                          cfg + (W,))
+                    torch.autograd.grad((xw.float().sum() + eta.float().sum() + g.float().sum()),
+                                        [t for t in (k, beta, lam, lk, tx) if t is not None], allow_unused=True)
+
+
+def _compile_all(records):
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    def stop_at_ptx(backend, stages, options, language, capability):
+        def stop(src, metadata):
+            raise _Ptx(str(src))
+        stages["cubin" if STAGE == "ptx" else "ttgir"] = stop
+
+    knobs.runtime.add_stages_inspection_hook = stop_at_ptx
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    binders, done, out = {}, {}, {}
+    t0 = time.time()
+    for i, (label, fn, args, kwargs) in enumerate(records):
+        kw = dict(kwargs)
+        kw["debug"] = False
+        kw["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+        if fn not in binders:
+            binders[fn] = create_function_from_signature(fn.signature, fn.params, backend)
+        bound, spec, opts = binders[fn](*args, **kw)
+        key = (fn.fn.__name__, str(spec), str(opts))
+        if key not in done:
+            options, signature, constexprs, attrs = fn._pack_args(backend, kw, bound, spec, opts)
+            try:
+                compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+                raise RuntimeError("the cubin stage did not run")
+            except _Ptx as e:
+                done[key] = hashlib.sha256(_normalise(e.args[0], fn.fn.__name__).encode()).hexdigest()[:16]
+        out[f"{fn.fn.__name__} {label}"] = done[key]
+        if (i + 1) % 50 == 0:
+            print(f"  {i + 1}/{len(records)} launches, {len(done)} builds, {time.time() - t0:.0f} s", flush=True)
+    return out, len(done)
+
+
+def _compare(a_path, b_path):
+    a, b = (json.load(open(p)) for p in (a_path, b_path))
+    fa, fb = a["fingerprints"], b["fingerprints"]
+    print(f"A: {a['tree_commit']} (triton {a['triton']})\nB: {b['tree_commit']} (triton {b['triton']})")
+    kernels = sorted({k.split(" ", 1)[0] for k in list(fa) + list(fb)})
+    rc = 0
+    for kern in kernels:
+        ka = {k: v for k, v in fa.items() if k.split(" ", 1)[0] == kern}
+        kb = {k: v for k, v in fb.items() if k.split(" ", 1)[0] == kern}
+        common = set(ka) & set(kb)
+        diff = sorted(k for k in common if ka[k] != kb[k])
+        only = len(set(ka) ^ set(kb))
+        state = "same" if not diff else f"DIFFERENT in {len(diff)} of {len(common)} builds"
+        if diff or only:
+            rc = 1
+        print(f"{kern:24s} {state}" + (f"; {only} builds in one tree only" if only else ""))
+        for k in diff[:3]:
+            print(f"    e.g. {k.split(' ', 1)[1]}")
+    return rc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tree", default=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                    help="the falcon_lab checkout whose kernels to fingerprint (default: this one)")
+    ap.add_argument("--out", help="JSON file to write")
+    ap.add_argument("--quick", action="store_true", help="K in (16, 128), C in (16, 64) only")
+    ap.add_argument("--only", help="a regular expression: fingerprint the kernels whose names match it")
+    ap.add_argument("--stage", choices=("ttir", "ptx"), default="ttir",
+                    help="hash the Triton IR after its inlining and canonicalisation (fast; the later stages are a "
+                         "function of it, the options and the target) or the PTX (slow, ~1.5 s a build on 2 cores)")
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two fingerprint files")
+    a = ap.parse_args()
+    if a.compare:
+        sys.exit(_compare(*a.compare))
+    import triton
+
+    global STAGE
+    STAGE = a.stage
+    tree = os.path.abspath(a.tree)
+    commit = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", tree, "status", "--porcelain", "falcon_lab"], capture_output=True,
+                           text=True).stdout.strip()
+    t0 = time.time()
+    records = _record(tree, a.quick)
+    if a.only:
+        records = [r for r in records if re.search(a.only, r[1].fn.__name__)]
+    print(f"triton {triton.__version__}, tree {commit}{' (modified)' if dirty else ''}: {len(records)} launches")
+    fps, n = _compile_all(records)
+    res = {"triton": triton.__version__, "target": "cuda sm_90", "stage": STAGE, "tree_commit": commit + ("+" if dirty else ""),
+           "quick": a.quick, "builds": n, "seconds": round(time.time() - t0), "fingerprints": fps}
+    print(f"{n} distinct builds in {res['seconds']} s")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1, sort_keys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""What every Triton kernel family here shares (in the spirit of fla's `ops/common/`, ours): the launch helper on the
+host and the pieces of the chunk kernels on the device.
+
+Host:   `launch(q, v, C, allow_tf32)` -> `Launch` (shapes, chunk count, tile sizes, dot precision, pipeline stages,
+        device) for one call of a family's forward or backward; `_empty` (NaN-poisoned under FALCON_TRITON_POISON=1
+        for the GPU checks); the tile and precision rules `_cfg`, `_prec`, `_stages`.
+Device: the token offsets of a chunk's rows (`_chunk_rows`), the [BK, BV] tile of a (b, h) state (`_state_tile`),
+        a state read at the start of a sequential pass (`_state_init`: S0 or dS_T or zeros) and the per-chunk states
+        it writes (`_state_put`: HS forward, DHS backward). Triton inlines them, so a kernel composed of them compiles
+        to the same code as the same lines written out (experiments/h200/ptx_fingerprint.py checks this).
+
+Layouts (docs/kernel-contract.md): token rows (b*T + t)*H + h times K or V; states (b*H + h)*K*V; per-chunk states
+((b*H + h)*NT + n)*K*V. A pair stream longer than T (window composition) is read at rows b*XT + XOFF + t.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .host import cdiv, next_pow2  # noqa: F401  (re-exported for the launchers)
+
+# Debug aid for the GPU checks: allocate outputs filled with NaN so unwritten elements show.
+POISON = os.environ.get("FALCON_TRITON_POISON", "0") == "1"
+FP32_DOT = os.environ.get("FALCON_TRITON_FP32_DOT", "tf32x3")  # read once (see _prec)
+
+
+def _empty(shape, dtype, device):
+    if POISON:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _np2(n: int) -> int:
+    return max(16, next_pow2(int(n)))
+
+
+def _cfg(K: int, V: int):
+    """Tile sizes (ours): the whole key dimension in one tile, value blocks of BV columns."""
+    BK = _np2(K)
+    BV_state = 64 if BK <= 64 else 32
+    BV_out = min(64, _np2(V))
+    BV_main = 64 if BK <= 64 else 32
+    warps_main = 8  # five [C, BK]/[C, C] fp32 accumulators live in the value loop
+    return BK, min(BV_state, _np2(V)), BV_out, min(BV_main, _np2(V)), warps_main
+
+
+def _prec(dtype: torch.dtype, allow_tf32: bool, device: torch.device) -> str:
+    """Dot precision for fp32 operands (16-bit operands ignore it). Default (ours): "tf32x3", the
+    three-pass split-TF32 product on tensor cores, which keeps fp32-level accuracy; plain "ieee" FMA
+    dots are available (FALCON_TRITON_FP32_DOT=ieee) but took minutes of ptxas time per kernel set on
+    the H200 (Triton 3.6). "tf32" only when asked (allow_tf32). The interpreter always uses "ieee"."""
+    if dtype != torch.float32:
+        return "tf32"
+    if allow_tf32:
+        return "tf32"
+    if device.type == "cpu":
+        return "ieee"
+    return FP32_DOT
+
+
+def _stages(dtype: torch.dtype) -> dict:
+    # fp32 tiles of K=128 overflowed the 227 KB of shared memory with 3 pipeline stages (measured)
+    return {"num_stages": 1} if dtype == torch.float32 else {}
+
+
+class Launch(NamedTuple):
+    """One family call's geometry and compile options (ours): q [B, T, H, K], values [.., V], chunk C."""
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    NT: int        # chunks
+    BK: int        # the key tile (all of K)
+    BVs: int       # value tile of the sequential state passes
+    BVo: int       # value tile of the per-chunk read-out kernels
+    BVm: int       # value tile of the per-chunk backward kernels
+    warps: int     # warps of the per-chunk backward kernels
+    prec: str      # dot precision for fp32 operands
+    st: dict       # num_stages, where the dtype needs it
+    dev: torch.device
+
+
+def launch(q: torch.Tensor, V: int, C: int, allow_tf32: bool) -> Launch:
+    B, T, H, K = q.shape
+    return Launch(B, T, H, K, V, cdiv(T, C), *_cfg(K, V), _prec(q.dtype, allow_tf32, q.device), _stages(q.dtype),
+                  q.device)
+
+
+# ------------------------------------------------------------------------------------------------
+# device pieces
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _chunk_rows(b, h, n, i, T, XT, XOFF, H: tl.constexpr, C: tl.constexpr):
+    """Chunk n of sequence b, head h, with i = tl.arange(0, C) (made by the kernel, once): (rows, row mask, token
+    offsets of the step stream, token offsets of the pair stream read at XOFF in sequences of XT rows; unused
+    results cost nothing, Triton drops them)."""
+    rows = n * C + i
+    rmask = rows < T
+    tok = (b * T + rows).to(tl.int64) * H + h
+    xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+    return rows, rmask, tok, xtok
+
+
+@triton.jit
+def _state_tile(vb, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Value block vb of a [K, V] state as a [BK, BV] tile: (key indices, key mask, value indices, value mask,
+    tile mask, offsets inside one state)."""
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    smask = kmask[:, None] & vmask[None, :]
+    soff = ck[:, None] * V + cv[None, :]
+    return ck, kmask, cv, vmask, smask, soff
+
+
+@triton.jit
+def _state_init(P, bh64, soff, smask, HAS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr):
+    """The fp32 tile a sequential pass starts from: P's (b, h) state if HAS (S0 forward, dS_T backward), else 0."""
+    if HAS:
+        S = tl.load(P + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32)
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    return S
+
+
+@triton.jit
+def _state_put(P, S, bh64, n, NT, soff, smask, K: tl.constexpr, V: tl.constexpr):
+    """Store the tile as chunk n's state (HS: the state at the chunk's start; DHS: the gradient at its end)."""
+    tl.store(P + (bh64 * NT + n) * K * V + soff, S, mask=smask)
+
+
+@triton.jit
+def _state_get(P, bh, n, NT, soff, smask, K: tl.constexpr, V: tl.constexpr):
+    """Chunk n's stored state tile (what _state_put wrote)."""
+    return tl.load(P + (bh.to(tl.int64) * NT + n) * K * V + soff, mask=smask, other=0.)
