@@ -8,9 +8,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 # data=kjv / text / jsonl cache their tokens under `auto` (~/.cache/falcon_lab/tokens): one throwaway
 # folder per test session instead, inherited by subprocesses, so tests never write into the real home
+# (removed when the process that made it exits: the machine that runs CI is also where sessions work, and its disk
+# filled up once)
 if "FALCON_LAB_TOKEN_CACHE" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
-    os.environ["FALCON_LAB_TOKEN_CACHE"] = tempfile.mkdtemp(prefix="falcon_lab_tokens_")
+    os.environ["FALCON_LAB_TOKEN_CACHE"] = _token_cache = tempfile.mkdtemp(prefix="falcon_lab_tokens_")
+    atexit.register(shutil.rmtree, _token_cache, ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
