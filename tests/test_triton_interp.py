@@ -51,6 +51,14 @@ CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10))
 CASES.append(_c("F3-W4-C64-strong-decay-no-dST", delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True,
                 no_dst=True, seed=12))
+# Falcon-3 with its pseudo-tokens read in place by the kernels (fused_window=True: no host expansion)
+CASES.append(_c("F3-gather-W4-after", delta=True, W=4, seed=9, fused=True))
+CASES.append(_c("F3-gather-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10,
+                fused=True))
+CASES.append(_c("F3-gather-W4-C64-strong-decay-no-dST", delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16,
+                strong=True, no_dst=True, seed=12, fused=True))
+CASES.append(_c("F3-gather-W8-fp16-no-S0", delta=True, W=8, T=23, K=16, V=16, dtype="float16", s0=False, seed=33,
+                fused=True))
 CASES.append(_c("F2A-after", delta=False, per_col=True, seed=13))
 CASES.append(_c("F2A-before-C32-V20", delta=False, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=14))
 CASES.append(_c("F2A-C64-strong-decay-no-S0-no-dST", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import torch
 
-CFG = [1, 1, 64, 0, 0, 0, 1]  # the scalar family's cfg layout (ops.py); unused by the trivial body
+CFG = [1, 1, 64, 0, 0, 0, 1, 0]  # the scalar family's cfg layout (ops.py); unused by the trivial body
 
 
 def body(q, x, v, eta, g):

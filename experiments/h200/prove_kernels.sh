@@ -16,11 +16,14 @@
 #   prep       `bench check --quick --variants 1,1A,2A,3A,3 --rows 1-60` with FALCON_TRITON_UNPROVEN=1: the window-1
 #              fused prep (its IR changed since 9549d0c: benchmarks/results/ptx_fingerprints/) and Falcon-3A's fused
 #              prep through the public-op rows; all pass -> "3A" into PROVEN_PREP;
+#   f3gather   Falcon-3 with its pseudo-tokens read in place (FALCON_TRITON_3=gather): `bench check --variants 3`, then
+#              `bench kernels --ops falcon-3` with and without it (peak memory and time, one process each);
 #   host       experiments/h200/host_bound.py (host submit time against GPU busy time per op);
 #   fla_warm   experiments/h200/fla_warm.py with TRITON_CACHE_AUTOTUNING=1 and TRITON_CACHE_DIR=$PWD/.tcache: fla's
 #              autotuning cached (the *.autotune.json files are packed) so the next call's default `bench kernels`
 #              fits its 10 minutes.
-# The sixth session's plan (experiments/h200/NEXT.md): call 1 STEPS="f2 prep banded", call 2 STEPS="fla_warm host".
+# The sixth session's plan (experiments/h200/NEXT.md): call 1 STEPS="f2 prep banded", call 2 STEPS="f3gather fla_warm
+# host".
 # Everything lands in $OUT/prove.tgz (split into .part00... over 15 MiB: the device tool returns files <= 16 MiB);
 # summary.txt has one line per step with its exit code.
 set -u
@@ -47,6 +50,9 @@ step kernels 480 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernel
   --ops falcon-1,falcon-1A,falcon-2,falcon-3,falcon-3A,falcon-3A-banded,falcon-2A,sdpa_flash
 step prep 300 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --quick --variants 1,1A,2A,3A,3 \
   --rows 1-60 --out "$W/check_prep"
+step f3gather 300 bash -c "FALCON_TRITON_3=gather FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
+  --variants 3 --out $W/check_f3gather && for m in expand gather; do FALCON_TRITON_3=\$m python3 -m falcon_lab.bench \
+  kernels --ops falcon-3,falcon-1 --out $W/kernels_f3_\$m; done"
 step host 240 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/host_bound.py --out "$W/host_bound"
 step fla_warm 420 env TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" python3 experiments/h200/fla_warm.py
 case " $STEPS " in *" fla_warm "*) find .tcache -name "*.autotune.json" 2>/dev/null | tar czf "$W/fla_autotune.tgz" -T - ;;

@@ -98,9 +98,11 @@ def _record(tree: str, quick: bool):
     dts = {"bf16": torch.bfloat16, "fp32": torch.float32}
     Ks = (16, 128) if quick else (16, 64, 128)
     Cs = (16, 64) if quick else (16, 32, 64)
-    # (name, delta, per_column, window, fused_window)
+    # (name, delta, per_column, window, fused_window: None = the default path)
     variants = [("1", 1, 0, 1, None), ("1A", 0, 0, 1, None), ("2", 1, 1, 1, None), ("2A", 0, 1, 1, None),
                 ("3", 1, 0, 4, None), ("3A-scans", 0, 0, 4, False), ("3A-banded", 0, 0, 4, True)]
+    if hasattr(ft, "_FALCON_3"):  # Falcon-3 with its pseudo-tokens read in place (since 2026-12-02)
+        variants.append(("3-gather", 1, 0, 4, True))
     skipped = set()
     for dn, dt in dts.items():
         for K in Ks:

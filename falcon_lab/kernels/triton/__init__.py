@@ -19,7 +19,10 @@ What runs where (docs/kernels-triton.md):
     Falcon-3 and torch.compile use the PyTorch prep (falcon_lab/kernels/prep.py);
   * scalar gates, window W > 1, delta (Falcon-3), W dividing 16: the same chunk kernels on the
     pseudo-token expansion (falcon-math.md §6.6: T·W pseudo-tokens, block-strict mask so every residual
-    of a step uses S_{t-1}). Proven on the H200 (W = 4, bf16 and fp32, fwd+bwd, through the op);
+    of a step uses S_{t-1}). Proven on the H200 (W = 4, bf16 and fp32, fwd+bwd, through the op). Opt-in
+    (FALCON_TRITON_3=gather / core(fused_window=True)): the kernels read the pseudo-tokens in place from q, η, log γ
+    and the pair stream, so the host makes no W-fold copies of the inputs, the output or their gradients
+    (interpreter-tested against float64, not yet run on a GPU);
   * per-column gates, linear (Falcon-2A): percol.py, exact [C, C, 4]-column broadcast for the
     intra-chunk decays. Proven on the H200 (bf16 and fp32, fwd+bwd, through the op);
   * per-column gates with delta (Falcon-2): percol_delta.py, per-column forward/backward substitution
@@ -72,6 +75,12 @@ _TF32 = os.environ.get("FALCON_TRITON_TF32", "0") == "1"
 _FALCON_3A = os.environ.get("FALCON_TRITON_3A", "scans")
 if _FALCON_3A not in ("scans", "banded"):
     raise ValueError(f"FALCON_TRITON_3A must be 'scans' or 'banded', got {_FALCON_3A!r}")
+# Falcon-3: "expand" (the T·W pseudo-tokens materialised on the host, proven on the H200) or "gather" (the chunk
+# kernels read them in place from q, η, log γ and the pair stream: no expanded copies of the inputs, outputs or their
+# gradients; interpreter-tested, not yet run on a GPU). Ours; `core(fused_window=)` overrides it per call.
+_FALCON_3 = os.environ.get("FALCON_TRITON_3", "expand")
+if _FALCON_3 not in ("expand", "gather"):
+    raise ValueError(f"FALCON_TRITON_3 must be 'expand' or 'gather', got {_FALCON_3!r}")
 # The op's prep for window 1 with the Triton backend: "fused" (prep.py here, one kernel each way, plain eager calls)
 # or "torch" (falcon_lab/kernels/prep.py, always used under torch.compile and for windows > 1). Ours.
 _PREP = os.environ.get("FALCON_TRITON_PREP", "fused")
@@ -161,8 +170,10 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
          fused_window: Optional[bool] = None):
     """The Falcon core on Triton (shapes and semantics in docs/kernel-contract.md).
 
-    fused_window: Falcon-3A (window > 1, no delta) in one banded scan (True) or as W Falcon-1A scans (False);
-    None follows FALCON_TRITON_3A (default "scans", the path proven on the H200).
+    fused_window: the window inside the kernels: Falcon-3A (window > 1, no delta) in one banded scan (True) or as W
+    Falcon-1A scans (False), None following FALCON_TRITON_3A (default "scans", the path proven on the H200);
+    Falcon-3 with its pseudo-tokens read in place (True) or expanded on the host (False), None following
+    FALCON_TRITON_3 (default "expand", the path proven on the H200).
 
     allow_tf32: fp32 inputs use full-precision ("ieee") dots unless this is True (or the environment
     sets FALCON_TRITON_TF32=1). 16-bit inputs always use tensor-core dots with fp32 accumulation.
@@ -212,10 +223,13 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
         return chunk_core(q, xw, vw, eta, g, S0, "percol_delta" if delta else "percol", (read_after, chunk_size, tf32))
     # scalar family cfg: (delta, read_after, C, xoff, allow_tf32, out_fp32, group)
     if W == 1:
-        return chunk_core(q, xw, vw, eta, g, S0, "scalar", (delta, read_after, chunk_size, 0, tf32, False, 1))
+        return chunk_core(q, xw, vw, eta, g, S0, "scalar", (delta, read_after, chunk_size, 0, tf32, False, 1, 0))
     if delta:  # Falcon-3: pseudo-token (t, m) = pair xw[t + W-1-m]; decay on m = 0; groups of W
+        if fused_window if fused_window is not None else _FALCON_3 == "gather":
+            # the kernels read the pseudo-tokens in place (no expansion on the host; chunk.py _rows_w)
+            return chunk_core(q, xw, vw, eta, g, S0, "scalar", (True, read_after, chunk_size, 0, tf32, False, W, 1))
         qe, xe, ve, ee, ge = _expand_window(q, xw, vw, eta, g, W)
-        o_e, s = chunk_core(qe, xe, ve, ee, ge, S0, "scalar", (True, read_after, chunk_size, 0, tf32, False, W))
+        o_e, s = chunk_core(qe, xe, ve, ee, ge, S0, "scalar", (True, read_after, chunk_size, 0, tf32, False, W, 0))
         return o_e.view(B, T, W, H, V)[:, :, 0], s
     if fused_window if fused_window is not None else _FALCON_3A == "banded":
         C = window_chunk_for(q.shape[-1], chunk_size)  # K = 128, C = 64 failed on the H200 (window_linear.py)
@@ -224,7 +238,7 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     o_sum, s_sum = None, None
     for m in range(W):
         o_m, s_m = chunk_core(q, xw, vw, eta, g, S0 if m == 0 else None, "scalar",
-                              (False, read_after, chunk_size, W - 1 - m, tf32, True, 1))
+                              (False, read_after, chunk_size, W - 1 - m, tf32, True, 1, 0))
         o_sum = o_m if o_sum is None else o_sum + o_m
         s_sum = s_m if s_sum is None else s_sum + s_m
     return o_sum.to(q.dtype), s_sum

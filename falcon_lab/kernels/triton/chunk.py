@@ -42,18 +42,49 @@ from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _s
 # forward
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _ld_blk(X, ETA, G, b, h, row0, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
-    """One 16-row block of a chunk: keys, step, log-decay, token indices, row mask."""
+def _ld_blk(X, ETA, G, b, h, row0, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+            W: tl.constexpr, GATHER: tl.constexpr):
+    """One 16-row block of a chunk: keys, step, log-decay, token indices, row mask (streams as in _rows_w)."""
     j = tl.arange(0, 16)
     rows = row0 + j
     rm = rows < T
     tok = (b * T + rows).to(tl.int64) * H + h
-    xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+    if GATHER:
+        stok = (b * (T // W) + rows // W).to(tl.int64) * H + h
+        xtok = (b * XT + rows // W + (W - 1) - rows % W).to(tl.int64) * H + h
+    else:
+        xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
     ck = tl.arange(0, BK)
     x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :], other=0.)
-    eta = tl.load(ETA + tok, mask=rm, other=0.).to(tl.float32)
-    g = tl.load(G + tok, mask=rm, other=0.).to(tl.float32)
+    if GATHER:
+        eta = tl.load(ETA + stok, mask=rm, other=0.).to(tl.float32)
+        g = tl.load(G + stok, mask=rm & (rows % W == 0), other=0.).to(tl.float32)
+    else:
+        eta = tl.load(ETA + tok, mask=rm, other=0.).to(tl.float32)
+        g = tl.load(G + tok, mask=rm, other=0.).to(tl.float32)
     return x, eta, g, tok, xtok, rm
+
+
+@triton.jit
+def _rows_w(b, h, n, i, T, XT, XOFF, H: tl.constexpr, C: tl.constexpr, W: tl.constexpr, GATHER: tl.constexpr):
+    """Chunk n's rows and the offsets each stream is read at: (rows, row mask, tok: the kernel's own rows (its
+    intermediates A, Wt, Vt, R, dU and per-row gradients), xtok: the pair stream (x, v), stok: the step stream (q, η,
+    log γ, O, dO), smask: where log γ, O and dO live). Without GATHER all three are the rows themselves (smask is
+    the row mask). With GATHER (Falcon-3 without the host's pseudo-token expansion, ours) row p = t·W + m is
+    pseudo-token m of step t: q and η of step t, log γ, O and dO at m = 0 only, the pair at row t + W - 1 - m of xw
+    and vw (XT = T / W + W - 1 rows a sequence): the expansion's gathers done by the loads."""
+    if GATHER:
+        rows = n * C + i
+        rmask = rows < T
+        tok = (b * T + rows).to(tl.int64) * H + h
+        stok = (b * (T // W) + rows // W).to(tl.int64) * H + h
+        xtok = (b * XT + rows // W + (W - 1) - rows % W).to(tl.int64) * H + h
+        smask = rmask & (rows % W == 0)
+    else:
+        rows, rmask, tok, xtok = _chunk_rows(b, h, n, i, T, XT, XOFF, H, C)
+        stok = tok
+        smask = rmask
+    return rows, rmask, tok, xtok, stok, smask
 
 
 @triton.jit
@@ -102,7 +133,7 @@ def _st_A(A, tok, rm, col0, blk, C: tl.constexpr):
 @triton.jit
 def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
               C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-              IPREC: tl.constexpr, GROUP: tl.constexpr):
+              IPREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr):
     """Per chunk: A = (I + L)^{-1} by 16 x 16 blocks (diagonal blocks by forward substitution, the
     rest by block substitution A_ab = -A_aa Σ_{b<=c<a} L_ac A_cb with small dots), then
     Wt = A diag(e^{ub}) X and Vt = A V. NB = C / 16 blocks (1, 2 or 4)."""
@@ -116,14 +147,14 @@ def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.cons
     zero = tl.zeros([16, 16], dtype=tl.float32)
     ck = tl.arange(0, BK)
     kmask = ck < K
-    x0, e0, g0, tok0, xt0, m0 = _ld_blk(X, ETA, G, b, h, n * C, T, XT, XOFF, H, K, BK)
+    x0, e0, g0, tok0, xt0, m0 = _ld_blk(X, ETA, G, b, h, n * C, T, XT, XOFF, H, K, BK, GROUP, GATHER)
     dt = x0.dtype
     u0 = tl.cumsum(g0, 0)
     ub0 = u0 - _gfirst(g0, j, GROUP)
     A00 = _inv16(tl.where(strict, _blk_L(x0, ub0, x0, u0, e0, PREC), 0.))
     _st_A(A, tok0, m0, 0, A00, C)
     if NB >= 2:
-        x1, e1, g1, tok1, xt1, m1 = _ld_blk(X, ETA, G, b, h, n * C + 16, T, XT, XOFF, H, K, BK)
+        x1, e1, g1, tok1, xt1, m1 = _ld_blk(X, ETA, G, b, h, n * C + 16, T, XT, XOFF, H, K, BK, GROUP, GATHER)
         u1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
         ub1 = u1 - _gfirst(g1, j, GROUP)
         L10 = _blk_L(x1, ub1, x0, u0, e0, PREC)
@@ -133,10 +164,10 @@ def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.cons
         _st_A(A, tok1, m1, 0, A10, C)
         _st_A(A, tok1, m1, 16, A11, C)
     if NB >= 4:
-        x2, e2, g2, tok2, xt2, m2 = _ld_blk(X, ETA, G, b, h, n * C + 32, T, XT, XOFF, H, K, BK)
+        x2, e2, g2, tok2, xt2, m2 = _ld_blk(X, ETA, G, b, h, n * C + 32, T, XT, XOFF, H, K, BK, GROUP, GATHER)
         u2 = tl.cumsum(g2, 0) + tl.sum(g0, 0) + tl.sum(g1, 0)
         ub2 = u2 - _gfirst(g2, j, GROUP)
-        x3, e3, g3, tok3, xt3, m3 = _ld_blk(X, ETA, G, b, h, n * C + 48, T, XT, XOFF, H, K, BK)
+        x3, e3, g3, tok3, xt3, m3 = _ld_blk(X, ETA, G, b, h, n * C + 48, T, XT, XOFF, H, K, BK, GROUP, GATHER)
         u3 = tl.cumsum(g3, 0) + tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0)
         ub3 = u3 - _gfirst(g3, j, GROUP)
         L20 = _blk_L(x2, ub2, x0, u0, e0, PREC)
@@ -209,7 +240,7 @@ def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.cons
 def _fwd_state(X, VV, ETA, G, WT, VT, S0, HS, R, ST, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                DELTA: tl.constexpr, HAS_S0: tl.constexpr, STORE_ST: tl.constexpr,
-               PREC: tl.constexpr):
+               PREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr):
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -220,11 +251,11 @@ def _fwd_state(X, VV, ETA, G, WT, VT, S0, HS, R, ST, T, XT, XOFF, NT, H: tl.cons
     S = _state_init(S0, bh64, soff, smask, HAS_S0, K, V, BK, BV)
     for n in range(0, NT):
         _state_put(HS, S, bh64, n, NT, soff, smask, K, V)
-        rows, rmask, tok, xtok = _chunk_rows(b, h, n, i, T, XT, XOFF, H, C)
+        rows, rmask, tok, xtok, stok, gmask = _rows_w(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
         x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
         dt = x.dtype
-        eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
-        g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+        eta = tl.load(ETA + stok, mask=rmask, other=0.).to(tl.float32)
+        g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
         u = tl.cumsum(g, 0)
         uC = tl.sum(g, 0)
         vm = rmask[:, None] & vmask[None, :]
@@ -244,25 +275,25 @@ def _fwd_state(X, VV, ETA, G, WT, VT, S0, HS, R, ST, T, XT, XOFF, NT, H: tl.cons
 @triton.jit
 def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
              C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DELTA: tl.constexpr,
-             READ_AFTER: tl.constexpr, PREC: tl.constexpr, GROUP: tl.constexpr):
+             READ_AFTER: tl.constexpr, PREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr):
     vb = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    rows, rmask, tok, xtok = _chunk_rows(b, h, n, i, T, XT, XOFF, H, C)
+    rows, rmask, tok, xtok, stok, gmask = _rows_w(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
     ck = tl.arange(0, BK)
     kmask = ck < K
     cv = vb * BV + tl.arange(0, BV)
     vmask = cv < V
     km = rmask[:, None] & kmask[None, :]
     vm = rmask[:, None] & vmask[None, :]
-    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
     x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
     dt = q.dtype
-    eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
-    g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+    eta = tl.load(ETA + stok, mask=rmask, other=0.).to(tl.float32)
+    g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
     u = tl.cumsum(g, 0)
     if READ_AFTER:
         ur = u
@@ -281,7 +312,10 @@ def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl
     U = (r * eta[:, None]).to(dt)
     o = tl.dot(q, S.to(dt), input_precision=PREC) * tl.exp(ur)[:, None]
     o += tl.dot(P.to(dt), U, input_precision=PREC)
-    tl.store(O + tok[:, None] * V + cv[None, :], o.to(O.dtype.element_ty), mask=vm)
+    if GATHER:  # the step's output is its first pseudo-token's
+        tl.store(O + stok[:, None] * V + cv[None, :], o.to(O.dtype.element_ty), mask=gmask[:, None] & vmask[None, :])
+    else:
+        tl.store(O + tok[:, None] * V + cv[None, :], o.to(O.dtype.element_ty), mask=vm)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -290,23 +324,23 @@ def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl
 @triton.jit
 def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
              BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-             GROUP: tl.constexpr):
+             GROUP: tl.constexpr, GATHER: tl.constexpr):
     vb = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    rows, rmask, tok, xtok = _chunk_rows(b, h, n, i, T, XT, XOFF, H, C)
+    rows, rmask, tok, xtok, stok, gmask = _rows_w(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
     ck = tl.arange(0, BK)
     kmask = ck < K
     cv = vb * BV + tl.arange(0, BV)
     km = rmask[:, None] & kmask[None, :]
     vm = rmask[:, None] & (cv < V)[None, :]
-    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
     x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
     dt = q.dtype
-    g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+    g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
     u = tl.cumsum(g, 0)
     if READ_AFTER:
         ur = u
@@ -317,7 +351,10 @@ def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: 
     # Pᵀ built directly (rows s, columns i): no transpose of a dot result feeds a dot (fla #640).
     xq = tl.dot(x, tl.trans(q), input_precision=PREC)
     PT = tl.where(tl.trans(causal), xq * tl.exp(tl.minimum(ur[None, :] - u[:, None], 0.)), 0.)
-    do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
+    if GATHER:  # dO of a step reaches its first pseudo-token only
+        do = tl.load(DO + stok[:, None] * V + cv[None, :], mask=gmask[:, None] & (cv < V)[None, :], other=0.).to(dt)
+    else:
+        do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
     du = tl.dot(PT.to(dt), do, input_precision=PREC)
     tl.store(DU + tok[:, None] * V + cv[None, :], du, mask=vm)
 
@@ -326,7 +363,7 @@ def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: 
 def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                DELTA: tl.constexpr, READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr,
-               STORE_DS0: tl.constexpr, PREC: tl.constexpr, GROUP: tl.constexpr):
+               STORE_DS0: tl.constexpr, PREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr):
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -338,21 +375,25 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
     for nn in range(0, NT):
         n = NT - 1 - nn
         _state_put(DHS, dH, bh64, n, NT, soff, smask, K, V)
-        rows, rmask, tok, xtok = _chunk_rows(b, h, n, i, T, XT, XOFF, H, C)
+        rows, rmask, tok, xtok, stok, gmask = _rows_w(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
         km = rmask[:, None] & kmask[None, :]
         vm = rmask[:, None] & vmask[None, :]
         x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
-        q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+        q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
         dt = x.dtype
-        eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
-        g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+        eta = tl.load(ETA + stok, mask=rmask, other=0.).to(tl.float32)
+        g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
         u = tl.cumsum(g, 0)
         uC = tl.sum(g, 0)
         if READ_AFTER:
             ur = u
         else:
             ur = u - _gfirst(g, i, GROUP)
-        do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        if GATHER:
+            do = tl.load(DO + stok[:, None] * V + cv[None, :], mask=gmask[:, None] & vmask[None, :],
+                         other=0.).to(tl.float32)
+        else:
+            do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
         du = tl.load(DU + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
         du += tl.dot(x, dH.to(dt), input_precision=PREC) * tl.exp(tl.minimum(uC - u, 0.))[:, None]
         tl.store(DU + tok[:, None] * V + cv[None, :], du, mask=vm)
@@ -369,21 +410,25 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
 def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, XT, XOFF, NT,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-              GROUP: tl.constexpr):
+              GROUP: tl.constexpr, GATHER: tl.constexpr):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    rows, rmask, tok, xtok = _chunk_rows(b, h, n, i, T, XT, XOFF, H, C)
+    rows, rmask, tok, xtok, stok, gmask = _rows_w(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
+    if GATHER:  # the pair gradients go to per-pseudo-token rows; the launcher sums each pair's W rows
+        dxtok = tok
+    else:
+        dxtok = xtok
     ck = tl.arange(0, BK)
     kmask = ck < K
     km = rmask[:, None] & kmask[None, :]
-    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
     x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
     dt = q.dtype
-    eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
-    g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+    eta = tl.load(ETA + stok, mask=rmask, other=0.).to(tl.float32)
+    g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
     u = tl.cumsum(g, 0)
     uC = tl.sum(g, 0)
     ub = u - _gfirst(g, i, GROUP)
@@ -419,7 +464,10 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
         dH = tl.load(DHS + hbase + soff, mask=smask, other=0.)
         Sd = S.to(dt)
         dHd = dH.to(dt)
-        do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
+        if GATHER:
+            do = tl.load(DO + stok[:, None] * V + cv[None, :], mask=gmask[:, None] & vmask[None, :], other=0.).to(dt)
+        else:
+            do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
         dU = tl.load(DU + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
         if DELTA:
             rr = tl.load(R + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
@@ -441,14 +489,14 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
         if DELTA:
             dR = (dU * eta[:, None]).to(dt)
             dY = tl.dot(AiT, dR, input_precision=PREC)
-            tl.store(DV + xtok[:, None] * V + cv[None, :], dY.to(DV.dtype.element_ty), mask=vm)
+            tl.store(DV + dxtok[:, None] * V + cv[None, :], dY.to(DV.dtype.element_ty), mask=vm)
             dYd = dY.to(dt)
             dL -= tl.dot(dYd, tl.trans(rr.to(dt)), input_precision=PREC)
             dxy += tl.dot(dYd, tl.trans(Sd), input_precision=PREC)
             xS = tl.dot(x, Sd, input_precision=PREC)
             d_ub -= tl.exp(ub) * tl.sum(dY * xS, 1)
         else:
-            tl.store(DV + xtok[:, None] * V + cv[None, :], (dU * eta[:, None]).to(DV.dtype.element_ty), mask=vm)
+            tl.store(DV + dxtok[:, None] * V + cv[None, :], (dU * eta[:, None]).to(DV.dtype.element_ty), mask=vm)
     # [C, C] tiles not needed inside the value loop are formed here (fewer live registers)
     qx = tl.dot(q, tl.trans(x), input_precision=PREC)
     Er = tl.where(causal, tl.exp(tl.minimum(ur[:, None] - u[None, :], 0.)), 0.)
@@ -481,17 +529,24 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
     if not READ_AFTER:
         dg -= _gseg(d_ur, i, GROUP)
     tl.store(DQ + tok[:, None] * K + ck[None, :], dq.to(DQ.dtype.element_ty), mask=km)
-    tl.store(DX + xtok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
+    tl.store(DX + dxtok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
     tl.store(DETA + tok, d_eta, mask=rmask)
-    tl.store(DG + tok, dg, mask=rmask)
+    if GATHER:  # log γ lives on the first pseudo-token of each step
+        tl.store(DG + stok, dg, mask=gmask)
+    else:
+        tl.store(DG + tok, dg, mask=rmask)
 
 
 # ------------------------------------------------------------------------------------------------
 # launchers and the autograd function
 # ------------------------------------------------------------------------------------------------
 def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf32=False,
-                  out_dtype=None, group=1):
-    B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32)
+                  out_dtype=None, group=1, gather=False):
+    """gather (Falcon-3, group = W > 1, ours): q, eta, g are the T steps and x, v the T + W - 1 pairs (no pseudo-token
+    expansion on the host): the kernels run over the T·W pseudo-tokens reading them in place; O has the T steps."""
+    Ts = q.shape[1]
+    B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
+                                                                  Ts * group if gather else 0)
     XT = x.shape[1]
     f32 = torch.float32
     if delta:
@@ -500,44 +555,66 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         VT = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
         R = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
         iprec = prec if (q.dtype == torch.float32 or dev.type == "cpu") else "tf32"
-        _fwd_prep[(NT, B * H)](x, v, eta, g, A, WT, VT, T, XT, xoff, H, K, V, C, BK, BVo, prec, iprec, group, **st)
+        _fwd_prep[(NT, B * H)](x, v, eta, g, A, WT, VT, T, XT, xoff, H, K, V, C, BK, BVo, prec, iprec, group, gather,
+                               **st)
     else:
         A = WT = VT = R = eta  # never read (constexpr-disabled branches)
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     ST = _empty((B, H, K, V), f32, dev)
     _fwd_state[(cdiv(V, BVs), B * H)](
         x, v, eta, g, WT, VT, S0 if S0 is not None else eta, HS, R, ST, T, XT, xoff, NT, H, K, V, C,
-        BK, BVs, delta, S0 is not None, True, prec, **st)
-    O = _empty((B, T, H, V), out_dtype or q.dtype, dev)
+        BK, BVs, delta, S0 is not None, True, prec, group, gather, **st)
+    O = _empty((B, Ts, H, V), out_dtype or q.dtype, dev)
     _fwd_out[(cdiv(V, BVo), NT, B * H)](
-        q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, group, **st)
+        q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, group, gather,
+        **st)
     return O, ST, (HS, A, WT, R)
 
 
 def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xoff=0,
-                   allow_tf32=False, need_ds0=True, group=1):
+                   allow_tf32=False, need_ds0=True, group=1, gather=False):
     HS, A, WT, R = saved
-    B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32)
+    Ts = q.shape[1]
+    B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
+                                                                     Ts * group if gather else 0)
     XT = x.shape[1]
     f32 = torch.float32
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     _bwd_dul[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,
-                                                read_after, prec, group, **st)
+                                                read_after, prec, group, gather, **st)
     DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
     _bwd_state[(cdiv(V, BVs), B * H)](
         q, x, eta, g, WT, dO, DU, dST if dST is not None else eta, DHS,
         DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BK, BVs, delta, read_after,
-        dST is not None, need_ds0, prec, group, **st)
-    dq = _empty(q.shape, q.dtype, dev)
-    if xoff == 0 and XT == T:
-        dx = _empty(x.shape, x.dtype, dev)
-        dv = _empty(v.shape, v.dtype, dev)
-    else:  # a shifted view of a longer pair stream (window composition): rows outside stay 0
-        dx = torch.zeros(x.shape, dtype=x.dtype, device=dev)
-        dv = torch.zeros(v.shape, dtype=v.dtype, device=dev)
-    deta = _empty(eta.shape, eta.dtype, dev)
+        dST is not None, need_ds0, prec, group, gather, **st)
+    if gather:  # per-pseudo-token gradients of q, x, v, eta (as the expansion's autograd has them), summed below;
+        dq = _empty((B, T, H, K), q.dtype, dev)  # log γ's lands per step
+        dx = _empty((B, T, H, K), x.dtype, dev)
+        dv = _empty((B, T, H, V), v.dtype, dev)
+        deta = _empty((B, T, H), eta.dtype, dev)
+    else:
+        dq = _empty(q.shape, q.dtype, dev)
+        if xoff == 0 and XT == T:
+            dx = _empty(x.shape, x.dtype, dev)
+            dv = _empty(v.shape, v.dtype, dev)
+        else:  # a shifted view of a longer pair stream (window composition): rows outside stay 0
+            dx = torch.zeros(x.shape, dtype=x.dtype, device=dev)
+            dv = torch.zeros(v.shape, dtype=v.dtype, device=dev)
+        deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
     _bwd_main[(NT, B * H)](q, x, v, R, eta, g, A, HS, DHS, dO, DU, dq, dx, dv, deta, dg, T, XT, xoff,
-                           NT, H, K, V, C, BK, BVm, delta, read_after, prec, group, num_warps=wm, **st)
+                           NT, H, K, V, C, BK, BVm, delta, read_after, prec, group, gather, num_warps=wm, **st)
+    if gather:
+        W = group
+        dq = dq.view(B, Ts, W, H, K).sum(2)
+        deta = deta.view(B, Ts, W, H).sum(2)
+        # pseudo-token (t, m) read pair t + W - 1 - m: each pair's W rows summed in fp32
+        dxe, dve = dx.view(B, Ts, W, H, K), dv.view(B, Ts, W, H, V)
+        dx = torch.zeros(x.shape, dtype=f32, device=dev)
+        dv = torch.zeros(v.shape, dtype=f32, device=dev)
+        for m in range(W):
+            dx[:, W - 1 - m:W - 1 - m + Ts] += dxe[:, :, m]
+            dv[:, W - 1 - m:W - 1 - m + Ts] += dve[:, :, m]
+        dx, dv = dx.to(x.dtype), dv.to(v.dtype)
     return dq, dx, dv, deta, dg, DS0

@@ -86,8 +86,10 @@ class Launch(NamedTuple):
     dev: torch.device
 
 
-def launch(q: torch.Tensor, V: int, C: int, allow_tf32: bool) -> Launch:
-    B, T, H, K = q.shape
+def launch(q: torch.Tensor, V: int, C: int, allow_tf32: bool, T: int = 0) -> Launch:
+    """T: the rows the kernels run over, if not q's (Falcon-3's pseudo-tokens gathered in the kernels)."""
+    B, Tq, H, K = q.shape
+    T = T or Tq
     return Launch(B, T, H, K, V, cdiv(T, C), *_cfg(K, V), _prec(q.dtype, allow_tf32, q.device), _stages(q.dtype),
                   q.device)
 

@@ -43,29 +43,32 @@ def _cdiv(a: int, b: int) -> int:
 
 
 # ---- the families ---------------------------------------------------------------------------------
-# scalar cfg: [delta, read_after, C, xoff, allow_tf32, out_fp32, group]
+# scalar cfg: [delta, read_after, C, xoff, allow_tf32, out_fp32, group, gather] (gather: Falcon-3's pseudo-tokens read
+# in place by the kernels, q/eta/g with T steps and x/v with T + group - 1 pairs; else every input has the kernel's rows)
 def _scalar_fwd(q, x, v, eta, g, S0, cfg):
-    delta, read_after, C, xoff, tf32, out_f32, group = cfg
+    delta, read_after, C, xoff, tf32, out_f32, group, gather = cfg
     O, ST, (HS, A, WT, R) = chunk_forward(q, x, v, eta, g, S0, delta=bool(delta), read_after=bool(read_after),
                                           C=C, xoff=xoff, allow_tf32=bool(tf32),
-                                          out_dtype=torch.float32 if out_f32 else None, group=group)
+                                          out_dtype=torch.float32 if out_f32 else None, group=group,
+                                          gather=bool(gather))
     if not delta:  # the delta-only buffers are not made (chunk_forward hands back eta in their place)
         A, WT, R = (eta.new_empty(0) for _ in range(3))
     return [O, ST, HS, A, WT, R]
 
 
 def _scalar_bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0):
-    delta, read_after, C, xoff, tf32, _, group = cfg
+    delta, read_after, C, xoff, tf32, _, group, gather = cfg
     HS, A, WT, R = saved
     if not delta:
         A = WT = R = eta  # never read by the kernels (constexpr-disabled branches)
     return chunk_backward(q, x, v, eta, g, (HS, A, WT, R), dO, dST, delta=bool(delta), read_after=bool(read_after),
-                          C=C, xoff=xoff, allow_tf32=bool(tf32), need_ds0=need_ds0, group=group)
+                          C=C, xoff=xoff, allow_tf32=bool(tf32), need_ds0=need_ds0, group=group, gather=bool(gather))
 
 
 def _scalar_saved_shapes(q, x, v, cfg):
-    delta, _, C, _, _, _, _ = cfg
+    delta, _, C, _, _, _, group, gather = cfg
     B, T, H, K = q.shape
+    T = T * group if gather else T
     V = v.shape[-1]
     hs = ((B, H, _cdiv(T, C), K, V), torch.float32)
     if not delta:
