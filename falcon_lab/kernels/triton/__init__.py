@@ -221,7 +221,7 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     S0 = S0.float().contiguous() if S0 is not None else None
     if per_column:
         return chunk_core(q, xw, vw, eta, g, S0, "percol_delta" if delta else "percol", (read_after, chunk_size, tf32))
-    # scalar family cfg: (delta, read_after, C, xoff, allow_tf32, out_fp32, group)
+    # scalar family cfg: (delta, read_after, C, xoff, allow_tf32, out_fp32, group, gather) (ops.py)
     if W == 1:
         return chunk_core(q, xw, vw, eta, g, S0, "scalar", (delta, read_after, chunk_size, 0, tf32, False, 1, 0))
     if delta:  # Falcon-3: pseudo-token (t, m) = pair xw[t + W-1-m]; decay on m = 0; groups of W

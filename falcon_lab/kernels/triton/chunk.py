@@ -42,30 +42,6 @@ from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _s
 # forward
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _ld_blk(X, ETA, G, b, h, row0, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-            W: tl.constexpr, GATHER: tl.constexpr):
-    """One 16-row block of a chunk: keys, step, log-decay, token indices, row mask (streams as in _rows_w)."""
-    j = tl.arange(0, 16)
-    rows = row0 + j
-    rm = rows < T
-    tok = (b * T + rows).to(tl.int64) * H + h
-    if GATHER:
-        stok = (b * (T // W) + rows // W).to(tl.int64) * H + h
-        xtok = (b * XT + rows // W + (W - 1) - rows % W).to(tl.int64) * H + h
-    else:
-        xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
-    ck = tl.arange(0, BK)
-    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :], other=0.)
-    if GATHER:
-        eta = tl.load(ETA + stok, mask=rm, other=0.).to(tl.float32)
-        g = tl.load(G + stok, mask=rm & (rows % W == 0), other=0.).to(tl.float32)
-    else:
-        eta = tl.load(ETA + tok, mask=rm, other=0.).to(tl.float32)
-        g = tl.load(G + tok, mask=rm, other=0.).to(tl.float32)
-    return x, eta, g, tok, xtok, rm
-
-
-@triton.jit
 def _rows_w(b, h, n, i, T, XT, XOFF, H: tl.constexpr, C: tl.constexpr, W: tl.constexpr, GATHER: tl.constexpr):
     """Chunk n's rows and the offsets each stream is read at: (rows, row mask, tok: the kernel's own rows (its
     intermediates A, Wt, Vt, R, dU and per-row gradients), xtok: the pair stream (x, v), stok: the step stream (q, η,
@@ -85,6 +61,29 @@ def _rows_w(b, h, n, i, T, XT, XOFF, H: tl.constexpr, C: tl.constexpr, W: tl.con
         stok = tok
         smask = rmask
     return rows, rmask, tok, xtok, stok, smask
+
+
+@triton.jit
+def _ld_blk(X, ETA, G, b, h, row0, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+            W: tl.constexpr, GATHER: tl.constexpr):
+    """One 16-row block of a chunk: keys, step, log-decay, token indices, row mask (streams as in _rows_w)."""
+    j = tl.arange(0, 16)
+    if GATHER:  # row0 is a multiple of 16: the block is "chunk" row0 // 16 of 16 rows
+        rows, rm, tok, xtok, stok, gm = _rows_w(b, h, row0 // 16, j, T, XT, XOFF, H, 16, W, True)
+    else:
+        rows = row0 + j
+        rm = rows < T
+        tok = (b * T + rows).to(tl.int64) * H + h
+        xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+    ck = tl.arange(0, BK)
+    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :], other=0.)
+    if GATHER:
+        eta = tl.load(ETA + stok, mask=rm, other=0.).to(tl.float32)
+        g = tl.load(G + stok, mask=gm, other=0.).to(tl.float32)
+    else:
+        eta = tl.load(ETA + tok, mask=rm, other=0.).to(tl.float32)
+        g = tl.load(G + tok, mask=rm, other=0.).to(tl.float32)
+    return x, eta, g, tok, xtok, rm
 
 
 @triton.jit
