@@ -141,7 +141,8 @@ def prepare(space: SearchSpace, fit_overrides: list[str], *, study_name: str | N
                               "sampler": space.sampler, "pruner": space.pruner,
                               "storage": st.describe(url),
                               "overrides": list(space.overrides) + list(fit_overrides),
-                              "parameters": {p.key: p.type for p in space.params}})
+                              "parameters": {p.key: p.type for p in space.params}},
+                             lock_path=workdir / "sweeps" / study_name / ".mlflow-parent.lock")
         study.set_user_attr("falcon_lab:mlflow_parent_run_id", parent)
         study.set_user_attr("falcon_lab:tracking_uri", tracking_uri)
     sweep_dir = workdir / "sweeps" / study_name

@@ -56,9 +56,30 @@ def _short(v: Any, n: int = 5000) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
+def _parent_lock(uri: str, lock_path: str | Path | None):
+    """The file lock the processes of one sweep take around finding-or-creating the parent: next to a SQLite store
+    (whatever folder each process runs in), else ``lock_path`` (the sweep's folder, which processes started
+    together share); none for a remote store without one (then only the convergence in ``_open_parent``)."""
+    import contextlib
+
+    from filelock import FileLock
+
+    if uri.startswith("sqlite:///"):
+        lock_path = Path(uri[len("sqlite:///"):]).parent / ".falcon_lab-sweep-parent.lock"
+    if lock_path is None:
+        return contextlib.nullcontext()
+    Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(lock_path), timeout=300)
+
+
 def open_parent(uri: str, experiment: str, study_name: str, run_id: str | None,
-                info: dict[str, Any]) -> str:
+                info: dict[str, Any], lock_path: str | Path | None = None) -> str:
     """Reopen the study's parent run (resume) or create it; returns its run id."""
+    with _parent_lock(uri, lock_path):
+        return _open_parent(uri, experiment, study_name, run_id, info)
+
+
+def _open_parent(uri: str, experiment: str, study_name: str, run_id: str | None, info: dict[str, Any]) -> str:
     client = _client(uri)
     if run_id:
         try:
@@ -69,8 +90,10 @@ def open_parent(uri: str, experiment: str, study_name: str, run_id: str | None,
         except Exception:
             pass  # the study was moved to a new MLflow store: start a fresh parent
     exp_id = ensure_experiment(uri, experiment)
-    # Several processes of one sweep can start together, each before any has recorded the parent in the
-    # study: they converge on one parent, the earliest created; a process whose own parent lost removes it.
+    # Several processes of one sweep can start together, each before any has recorded the parent in the study.
+    # Under the lock (a local store or a shared sweep folder) the first creates it and the others find it. Without
+    # one they converge on the earliest created and a process whose own parent lost removes it; that is only
+    # best-effort: start times are taken by each client before its insert, so a run made later can sort first.
     existing = _study_parents(client, exp_id, study_name)
     if existing:
         client.update_run(existing[0], status="RUNNING")
