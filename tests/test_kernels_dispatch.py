@@ -78,15 +78,16 @@ def test_core_operator_backward_gets_no_zero_gradients_for_unused_outputs(monkey
 
     seen = []
 
-    def fwd(q, x, v, eta, g, S0, cfg):
+    def fwd(q, x, v, eta, g, S0, cfg, cu=None):
         return [q * 2.0, q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[-1]), q.new_ones(64, 64)]
 
-    def bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0):
+    def bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0, cu=None):
         seen.append(dST)
         z = torch.zeros_like
         return [dO * 2.0, z(x), z(v), z(eta), z(g), None]
 
-    monkeypatch.setitem(ops._FAMILIES, "test_family", (fwd, bwd, lambda q, x, v, cfg: [((64, 64), torch.float32)]))
+    monkeypatch.setitem(ops._FAMILIES, "test_family",
+                        (fwd, bwd, lambda q, x, v, cfg, cu=None: [((64, 64), torch.float32)]))
     q, x, v = (torch.randn(1, 5, 2, 4, requires_grad=True) for _ in range(3))
     eta, g = torch.rand(1, 5, 2), torch.rand(1, 5, 2)
 
@@ -109,14 +110,14 @@ def test_core_runs_the_operator_only_where_something_must_see_it(monkeypatch):
 
     from falcon_lab.kernels.triton import ops
 
-    def fwd(q, x, v, eta, g, S0, cfg):
+    def fwd(q, x, v, eta, g, S0, cfg, cu=None):
         return [q * 3.0, q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[-1]), q.new_ones(4)]
 
-    def bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0):
+    def bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0, cu=None):
         z = torch.zeros_like
         return [dO * 3.0, z(x), z(v), z(eta), z(g), None]
 
-    monkeypatch.setitem(ops._FAMILIES, "test_family", (fwd, bwd, lambda q, x, v, cfg: [((4,), torch.float32)]))
+    monkeypatch.setitem(ops._FAMILIES, "test_family", (fwd, bwd, lambda q, x, v, cfg, cu=None: [((4,), torch.float32)]))
 
     class Seen(TorchDispatchMode):
         def __init__(self):

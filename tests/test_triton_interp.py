@@ -84,6 +84,14 @@ RECOMPUTE = [dict(id=f"recompute-F{v}", recompute=True, variant=v, seed=29) for 
 API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21) for v in ("1", "1A", "3A", "3", "2A", "2")]
 
 
+# packed sequences run natively by the chunk kernels (cu_seqlens read in the kernels, no padding)
+VARLEN = [dict(id=f"varlen-native-F{v}-{dt}-C{C}", varlen=True, variant=v, dtype=dt, C=C, seed=40 + i)
+          for i, (v, dt, C) in enumerate([("1", "float32", 16), ("1", "float16", 32), ("1A", "float32", 16),
+                                          ("1A", "float16", 64), ("1", "float32", 64)])]
+VARLEN += [dict(id=f"varlen-native-F{v}-read-before-no-shift", varlen=True, variant=v, dtype="float32", C=32,
+                read="before", shift=False, seed=50 + i) for i, v in enumerate(("1", "1A"))]
+
+
 # the public op (ragged cu_seqlens, continuation) and a compiled block with Falcon-3A on the banded scan made the
 # default for the case (what FALCON_TRITON_3A=banded sets)
 BANDED = [dict(API[2], id="api-varlen-continuation-F3A-banded", banded=True),
@@ -92,7 +100,8 @@ BANDED = [dict(API[2], id="api-varlen-continuation-F3A-banded", banded=True),
 
 @pytest.fixture(scope="module")
 def results():
-    return run_interp_cases("triton_interp_cases.py", CASES + DECODE + API + COMPILE + RECOMPUTE + BANDED, timeout=600)
+    return run_interp_cases("triton_interp_cases.py", CASES + DECODE + API + COMPILE + RECOMPUTE + BANDED + VARLEN,
+                            timeout=600)
 
 
 def test_banded_falcon_3a_through_the_public_op_and_compile(results):
@@ -176,3 +185,19 @@ def test_recompute_keeps_the_core_and_changes_nothing(results, case):
     assert res["plain_glue_calls"] == 1 and res["recompute_glue_calls"] == 2, res  # recomputed in backward
     assert res["recompute_compiled_core_calls"] == 1, res
     assert res["recompute_max_abs_diff"] <= 1e-6 and res["recompute_compiled_max_abs_diff"] <= 1e-6, res
+
+
+@pytest.mark.parametrize("case", VARLEN, ids=[c["id"] for c in VARLEN])
+def test_packed_sequences_run_natively_and_match_float64(results, case):
+    """chunk_falcon(backend="triton", cu_seqlens=...) with the packed batch read by the chunk kernels (no padding):
+    lengths 1, C-1, C, C+1, 3C+5 (chunk slots past the last chunk included), each sequence from its own state; output,
+    final state (S, last_k, seen) and the gradients of q, k, v, beta, lam and S0 against recurrent_falcon in float64."""
+    from falcon_lab.benchmarking.gpu_check import varlen_judge
+
+    r = results.get(case["id"])
+    assert r is not None and "error" not in r, r
+    res = r["res"]
+    assert res["native"] == 1.0, "the call was padded, not run natively"
+    assert res["seen"] == 0.0 and res["last_k"] == 0.0, res
+    lim = 3e-3 if case["dtype"] == "float16" else 2e-5
+    assert varlen_judge(res, lambda errs: all(e <= lim for e in errs.values())), res

@@ -167,6 +167,11 @@ if __name__ == "__main__":
                 res = recompute_case(c)
             elif c.get("compile"):
                 res = compile_case(c)
+            elif c.get("varlen"):
+                from falcon_lab.benchmarking.gpu_check import check_varlen
+
+                res = check_varlen(variant=c["variant"], dtype=c["dtype"], K=16, dev="cpu", seed=c["seed"], C=c["C"],
+                                   read=c.get("read", "after"), shift=c.get("shift", True))
             elif c.get("api"):
                 from falcon_lab.benchmarking.gpu_check import check_api
 

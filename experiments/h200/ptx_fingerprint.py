@@ -27,6 +27,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
 os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
@@ -37,6 +38,7 @@ class _Ptx(Exception):
 
 
 STAGE = "ttir"
+DUMP = None  # --dump DIR
 
 
 def _normalise(code: str, name: str) -> str:
@@ -69,6 +71,10 @@ def _normalise(code: str, name: str) -> str:
         lines = [ln for ln in text.split("\n") if not re.match(r"^%\w+ = arith\.constant ", ln)]
         text = "\n".join(sorted(f"{names[k]} = {v}" for k, v in consts.items()) + lines)
         text = re.sub(r"%\w+", lambda m: names.get(m.group(0), m.group(0)), text)
+        # Block arguments (loop-carried values, reduction operands) are numbered after the function's arguments,
+        # unused ones included: number them by first appearance instead.
+        blk: dict = {}
+        text = re.sub(r"%arg\d+\b", lambda m: blk.setdefault(m.group(0), f"%blk_{len(blk)}"), text)
     return text
 
 
@@ -103,6 +109,8 @@ def _record(tree: str, quick: bool):
                 ("3", 1, 0, 4, None), ("3A-scans", 0, 0, 4, False), ("3A-banded", 0, 0, 4, True)]
     if hasattr(ft, "_FALCON_3"):  # Falcon-3 with its pseudo-tokens read in place (since 2026-12-02)
         variants.append(("3-gather", 1, 0, 4, True))
+    if "cu_seqlens" in inspect.signature(ft.core).parameters:  # packed sequences in the kernels (since 2026-12-02)
+        variants += [("1-varlen", 1, 0, 1, "varlen"), ("1A-varlen", 0, 0, 1, "varlen")]
     skipped = set()
     for dn, dt in dts.items():
         for K in Ks:
@@ -116,12 +124,14 @@ def _record(tree: str, quick: bool):
                         shape = (B, T, H, V) if pc else (B, T, H)
                         eta = torch.rand(shape, requires_grad=True)
                         g = (-torch.rand(shape)).requires_grad_()
-                        S0 = torch.randn(B, H, K, V, requires_grad=True)
+                        S0 = torch.randn(2 if fused == "varlen" else B, H, K, V, requires_grad=True)
                         return q, xw, vw, eta, g, S0
                     kw = dict(delta=bool(delta), window=W, read_after=ra)
-                    if fused and "fused_window" not in inspect.signature(ft.core).parameters:
+                    if fused == "varlen":  # two packed sequences of 37 and 63 tokens (B = 1)
+                        kw["cu_seqlens"] = torch.tensor([0, 37, T])
+                    elif fused and "fused_window" not in inspect.signature(ft.core).parameters:
                         continue  # an older tree: no banded kernel (its Falcon-3A is the W scans)
-                    if fused is not None and "fused_window" in inspect.signature(ft.core).parameters:
+                    elif fused is not None and "fused_window" in inspect.signature(ft.core).parameters:
                         kw["fused_window"] = fused
                     try:
                         for C in Cs:
@@ -129,6 +139,8 @@ def _record(tree: str, quick: bool):
                             ins = inputs(T)
                             o, s = ft.core(*ins, chunk_size=C, **kw)
                             torch.autograd.grad(o.float().sum() + s.sum(), ins)
+                        if "cu_seqlens" in kw:
+                            continue
                         label[0] = f"{name} decode {dn} K={K} read_after={int(ra)}"
                         with torch.no_grad():
                             ft.core(*inputs(1), chunk_size=64, **kw)
@@ -214,7 +226,11 @@ def _compile_all(records):
                 compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
                 raise RuntimeError("the cubin stage did not run")
             except _Ptx as e:
-                done[key] = hashlib.sha256(_normalise(e.args[0], fn.fn.__name__).encode()).hexdigest()[:16]
+                text = _normalise(e.args[0], fn.fn.__name__)
+                done[key] = hashlib.sha256(text.encode()).hexdigest()[:16]
+                if DUMP:  # the normalised text, to diff two trees' builds of one kernel
+                    os.makedirs(DUMP, exist_ok=True)
+                    Path(DUMP, f"{fn.fn.__name__}-{done[key]}.{STAGE}").write_text(text)
         out[f"{fn.fn.__name__} {label}"] = done[key]
         if (i + 1) % 50 == 0:
             print(f"  {i + 1}/{len(records)} launches, {len(done)} builds, {time.time() - t0:.0f} s", flush=True)
@@ -253,13 +269,14 @@ def main():
                     help="hash the Triton IR after its inlining and canonicalisation (fast; the later stages are a "
                          "function of it, the options and the target) or the PTX (slow, ~1.5 s a build on 2 cores)")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two fingerprint files")
+    ap.add_argument("--dump", metavar="DIR", help="also write each build's normalised text to DIR (to diff two trees)")
     a = ap.parse_args()
     if a.compare:
         sys.exit(_compare(*a.compare))
     import triton
 
-    global STAGE
-    STAGE = a.stage
+    global STAGE, DUMP
+    STAGE, DUMP = a.stage, a.dump
     tree = os.path.abspath(a.tree)
     commit = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()

@@ -9,6 +9,8 @@
 2. The public op chunk_falcon(backend="triton") against recurrent_falcon (float64) with ragged
    cu_seqlens and a continuation split, forward and backward.
 3. The fused decode step inside a CUDA graph against recurrent_falcon, every variant.
+4. Packed sequences run natively by the chunk kernels (Falcon-1, -1A): ragged lengths around the chunk size, each
+   sequence from its own state, forward, final state and gradients (S0 included) against recurrent_falcon.
 Writes triton_check_h200.json (every row) and triton_check_h200.md (error per variant per tensor).
 A CUDA error that poisons the context (an illegal memory access: every later CUDA call fails too) stops the
 check: that row keeps its error, every later row is marked "not run: CUDA context poisoned by row N" (run
@@ -131,6 +133,75 @@ def check_api(*, variant, dtype, K, seed=0, dev="cuda"):
     return res
 
 
+def check_varlen(*, variant, dtype, K, seed=0, dev="cuda", C=64, read="after", shift=True):
+    """Packed sequences run natively by the Triton chunk kernels (no padding): ragged lengths around the chunk size
+    (1, C - 1, C, C + 1, several chunks), each sequence continued from its own state (S, last_k, seen), forward, final
+    state and the gradients of q, k, v, beta, lam and S0 against recurrent_falcon in float64.
+    "native" in the result: 1 when the packed kernels ran (0 would mean the call was padded)."""
+    from falcon_lab.kernels import chunk_falcon, recurrent_falcon
+    from falcon_lab.kernels.state import FalconState
+    from falcon_lab.kernels.triton import chunk as kchunk, varlen_check
+
+    spec = FalconSpec.from_variant(variant)
+    ok, why = varlen_check(spec, window=1, device_type=torch.device(dev).type)
+    if not ok:
+        raise NotImplementedError(why)
+    torch.manual_seed(seed)
+    H, V = 2, K
+    lens = [1, C - 1, C, C + 1, 3 * C + 5] + ([2048, 517] if dev == "cuda" else [])
+    N = len(lens)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=dev)
+    Tt = int(cu[-1])
+    dt = getattr(torch, dtype)
+    f64 = dict(device=dev, dtype=torch.float64)
+    nrm = lambda t: t / t.norm(dim=-1, keepdim=True)  # noqa: E731
+    q, k = (nrm(torch.randn(1, Tt, H, K, **f64)).to(dt).double() for _ in range(2))
+    v = torch.randn(1, Tt, H, V, **f64).to(dt).double()
+    beta = (torch.rand(1, Tt, H, **f64) * 1.8).float().double()
+    lam = (torch.rand(1, Tt, H, **f64) * 0.5).float().double()
+    S0 = (torch.randn(N, H, K, V, **f64) * 0.1).float().double()
+    last_k = nrm(torch.randn(N, H, K, **f64)).to(dt).double()
+    seen = torch.tensor([0, 5, 1, 0, 9] + [3, 0][:N - 5], device=dev)
+    kw = dict(variant=variant, window=1, lam_mode="scaled", cu_seqlens=cu, output_final_state=True, read=read,
+              shift=shift)
+
+    def state(S, lk):
+        return FalconState(S=S, last_k=lk, seen=seen, tail_x=None, tail_v=None, variant=variant, window=1,
+                           shift=shift, read=read)
+
+    ins = [t.clone().requires_grad_(True) for t in (q, k, v, beta, lam, S0)]
+    o_ref, st_ref = recurrent_falcon(*ins[:5], initial_state=state(ins[5], last_k), **kw)
+    do, ds = torch.randn_like(o_ref), torch.randn_like(st_ref.S)
+    gref = torch.autograd.grad((o_ref * do).sum() + (st_ref.S * ds).sum(), ins)
+    kin = [t.detach().to(dt).requires_grad_(True) for t in (q, k, v)] + \
+          [t.detach().float().requires_grad_(True) for t in (beta, lam, S0)]
+    calls = [0]
+    plan = kchunk.varlen
+
+    def counted(*a, **kwa):
+        calls[0] += 1
+        return plan(*a, **kwa)
+    kchunk.varlen = counted
+    try:
+        o, st = chunk_falcon(*kin[:5], initial_state=state(kin[5], last_k.to(dt)), backend="triton", chunk_size=C,
+                             **kw)
+        gk = torch.autograd.grad((o.double() * do).sum() + (st.S.double() * ds).sum(), kin)
+    finally:
+        kchunk.varlen = plan
+    res = {"o": rel_err(o, o_ref), "S_T": rel_err(st.S, st_ref.S), "last_k": rel_err(st.last_k, st_ref.last_k),
+           "seen": float((st.seen != st_ref.seen).any())}
+    for n, a, b in zip(["q", "k", "v", "beta", "lam", "S0"], gk, gref):
+        res["d" + n] = rel_err(a, b)
+    res["native"] = float(calls[0] == 2)  # the forward's and the backward's chunk plans
+    return res
+
+
+def varlen_judge(res, tol) -> bool:
+    """A check_varlen row passes when the packed kernels ran, `seen` is exact and every error is within `tol`."""
+    errs = {k: v for k, v in res.items() if k not in ("native", "seen")}
+    return res["native"] == 1.0 and res["seen"] == 0.0 and tol(errs)
+
+
 def check_decode_graph(*, variant, K=64, dev="cuda"):
     """recurrent decoding T = 1 through the public op, captured in a CUDA graph and replayed."""
     from falcon_lab.kernels import chunk_falcon, recurrent_falcon
@@ -186,8 +257,12 @@ def main(argv=None):
                     help="run only these rows of the list, by their number in a full run (core rows first, then "
                          "api, then decode; seeds unchanged), e.g. 2-10,12-14 (to rerun rows alone or under "
                          "compute-sanitizer)")
+    ap.add_argument("--kinds", default=None,
+                    help="run only rows of these kinds (comma-separated: core, api-varlen-continuation, "
+                         "decode-cuda-graph, varlen-native); numbering as in a full run")
     args = ap.parse_args(argv)
     wanted = _parse_rows(args.rows)
+    kinds = set(args.kinds.split(",")) if args.kinds else None
     torch.backends.cuda.matmul.allow_tf32 = False
     import falcon_lab.kernels.triton as kt
     from falcon_lab.kernels.triton import supports
@@ -244,7 +319,7 @@ def main(argv=None):
     def run_row(row, label, fn, judge, not_implemented_ok=False):
         """Run one row (fn() -> errors; judge(errors) -> ok) unless an earlier row poisoned the context."""
         number[0] += 1
-        if wanted is not None and number[0] not in wanted:
+        if (wanted is not None and number[0] not in wanted) or (kinds is not None and row["kind"] not in kinds):
             return
         row["row"] = number[0]
         label = f"{number[0]} {label}"
@@ -291,6 +366,18 @@ def main(argv=None):
         row = dict(kind="decode-cuda-graph", variant=variant, dtype="float32", K=64)
         run_row(row, f"(decode-graph {variant})",
                 lambda variant=variant: check_decode_graph(variant=variant), lambda res: res["o_graph_decode"] <= 1e-4)
+
+    # native packed sequences (chunk kernels reading cu_seqlens; "not implemented" unless proven or
+    # FALCON_TRITON_UNPROVEN=1): after the decode rows, so the earlier rows keep their numbers
+    for variant in [v for v in (("1", "1A") if args.final else only) if v in ("1", "1A")]:
+        for dtype in ("bfloat16", "float32"):
+            for C in ((64,) if args.final else (16, 64)):
+                row = dict(kind="varlen-native", variant=variant, dtype=dtype, K=64, C=C)
+                run_row(row, f"(varlen-native {variant} {dtype} C={C})",
+                        lambda variant=variant, dtype=dtype, C=C: check_varlen(variant=variant, dtype=dtype, K=64, C=C),
+                        lambda res, dtype=dtype: varlen_judge(res, tol_judge(dtype, lambda k: k in ("o", "S_T",
+                                                                                                     "last_k"))),
+                        not_implemented_ok=True)
 
     meta = write()
     n_fail = sum(r["status"] not in ("pass",) and not r["status"].startswith("not implemented") for r in rows)

@@ -132,12 +132,45 @@ def _fused_prep(spec, W, q) -> bool:
     return prep_check(spec, window=W, dtype=q.dtype, device_type=q.device.type)[0]
 
 
+def _packed_natively(spec, W, q, k, v, beta, lam, S0, backend, mode):
+    """The Triton core for a packed batch without padding it (triton.varlen_check), or None (then it is padded)."""
+    if mode == "step":
+        return None
+    grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q, k, v, beta, lam, *([S0] if S0 is not None else [])))
+    choice = select(spec, q, window=W, grad=grad, backend=backend)
+    if choice.label != "triton":
+        return None
+    from .triton import varlen_check
+
+    return choice.core if varlen_check(spec, window=W, device_type=q.device.type)[0] else None
+
+
 def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read, eps, eps_gamma,
             initial_state, output_final_state, cu_seqlens, chunk_size, backend, mode):
     _check(q, k, v, beta, lam, variant, window, step, lam_mode, shift, read, eps, eps_gamma,
            initial_state, cu_seqlens, chunk_size, backend)
     spec = FalconSpec.from_variant(variant)
     delta, W = spec.delta, spec.window(window)
+    if cu_seqlens is not None:
+        st = initial_state
+        cd = torch.float64 if q.dtype == torch.float64 else torch.float32
+        S0 = st.S.to(cd) if st is not None else None
+        core = _packed_natively(spec, W, q, k, v, beta, lam, S0, backend, mode)
+        if core is not None:
+            cs = cu_seqlens.to(q.device)
+            lengths = cs[1:] - cs[:-1]
+            seen = st.seen.to(q.device) if st is not None else torch.zeros_like(lengths)
+            inp = prepare(k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
+                          shift=shift, eps=eps, eps_gamma=eps_gamma, seen=seen,
+                          last_k=st.last_k if st is not None else None, cu_seqlens=cs)
+            o, S = core(q, inp.xw, inp.vw, inp.eta, inp.g, S0, delta=delta, window=W, read_after=(read == "after"),
+                        chunk_size=chunk_size, cu_seqlens=cs)
+            final = None
+            if output_final_state:
+                final = FalconState(S=S, last_k=k[0, cs[1:] - 1], seen=seen + lengths, tail_x=None, tail_v=None,
+                                    variant=variant, window=window, shift=shift, read=read)
+            return o, final
     valid = None
     lengths = None
     if cu_seqlens is not None:  # gather the packed batch into right-padded rows

@@ -50,6 +50,7 @@ def prepare(
     tail_x: Optional[torch.Tensor] = None,  # [B, W-1, H, K]
     tail_v: Optional[torch.Tensor] = None,  # [B, W-1, H, V]
     valid: Optional[torch.Tensor] = None,  # [B, T] bool: False on right padding (varlen)
+    cu_seqlens: Optional[torch.Tensor] = None,  # [N+1]: B = 1 holds N packed sequences (seen, last_k per sequence)
 ) -> CoreInputs:
     spec = FalconSpec.from_variant(variant)
     per_column, windowed = spec.per_column, spec.windowed
@@ -59,8 +60,22 @@ def prepare(
     cd = torch.float64 if k.dtype == torch.float64 else torch.float32
 
     # ---- the pair stream ------------------------------------------------------------------
-    pos = seen.to(k.device)[:, None] + torch.arange(1, T + 1, device=k.device)  # global 1-based
-    if shift:
+    if cu_seqlens is not None:  # packed sequences: positions and the shift restart at each sequence's first token
+        if W != 1 or Bsz != 1:
+            raise ValueError(f"cu_seqlens: the packed prep takes window 1 and B = 1, got window {W}, B = {Bsz}")
+        cu = cu_seqlens.to(k.device)
+        N = cu.numel() - 1
+        seq = torch.repeat_interleave(torch.arange(N, device=k.device), cu[1:] - cu[:-1], output_size=T)
+        first = cu[:-1]
+        pos = (seen.to(k.device)[seq] + torch.arange(T, device=k.device) - first[seq] + 1)[None]
+    else:
+        pos = seen.to(k.device)[:, None] + torch.arange(1, T + 1, device=k.device)  # global 1-based
+    if shift and cu_seqlens is not None:
+        prev = last_k if last_k is not None else k.new_zeros(N, H, K)
+        x = torch.cat([k.new_zeros(1, 1, H, K), k[:, :-1]], dim=1)
+        x = x.index_put((torch.zeros_like(first), first), prev.to(k.dtype))  # each sequence's x_1: its last_k
+        n_pairs = pos - 1
+    elif shift:
         prev = last_k if last_k is not None else k.new_zeros(Bsz, H, K)
         x = torch.cat([prev[:, None].to(k.dtype), k[:, :-1]], dim=1)
         n_pairs = pos - 1  # pairs written up to and including t

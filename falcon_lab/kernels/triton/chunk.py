@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _state_init,  # noqa: F401
-                     _state_put, _state_tile, cdiv, launch)
+                     _state_put, _state_tile, _varlen_chunk, _varlen_seq, cdiv, launch, varlen)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -132,7 +132,8 @@ def _st_A(A, tok, rm, col0, blk, C: tl.constexpr):
 @triton.jit
 def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
               C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-              IPREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr):
+              IPREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF,
+              VARLEN: tl.constexpr):
     """Per chunk: A = (I + L)^{-1} by 16 x 16 blocks (diagonal blocks by forward substitution, the
     rest by block substitution A_ab = -A_aa Σ_{b<=c<a} L_ac A_cb with small dots), then
     Wt = A diag(e^{ub}) X and Vt = A V. NB = C / 16 blocks (1, 2 or 4)."""
@@ -140,6 +141,15 @@ def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.cons
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
+    if VARLEN:  # packed sequences (B = 1, window 1): program n is chunk slot n; pointers moved to its sequence
+        _s, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        X += bos * H * K
+        VV += bos * H * V
+        ETA += bos * H
+        G += bos * H
+        A += bos * H * C
+        WT += bos * H * K
+        VT += bos * H * V
     NB: tl.constexpr = C // 16
     j = tl.arange(0, 16)
     strict = (j // GROUP)[:, None] > (j // GROUP)[None, :]  # GROUP > 1: block-strict (Falcon-3)
@@ -239,7 +249,8 @@ def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.cons
 def _fwd_state(X, VV, ETA, G, WT, VT, S0, HS, R, ST, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                DELTA: tl.constexpr, HAS_S0: tl.constexpr, STORE_ST: tl.constexpr,
-               PREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr):
+               PREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF,
+               VARLEN: tl.constexpr):
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -248,8 +259,23 @@ def _fwd_state(X, VV, ETA, G, WT, VT, S0, HS, R, ST, T, XT, XOFF, NT, H: tl.cons
     ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
     S = _state_init(S0, bh64, soff, smask, HAS_S0, K, V, BK, BV)
-    for n in range(0, NT):
-        _state_put(HS, S, bh64, n, NT, soff, smask, K, V)
+    if VARLEN:  # packed sequences: (b, h) = (sequence, head); its chunks sit at slots coff.. of head h's NT slots
+        bos, T, NL, coff = _varlen_seq(CU, COFF, b, C)
+        X += bos * H * K
+        VV += bos * H * V
+        ETA += bos * H
+        G += bos * H
+        WT += bos * H * K
+        VT += bos * H * V
+        R += bos * H * V
+        HS += coff * K * V
+        hs = h.to(tl.int64)
+        b = 0
+    else:
+        NL = NT
+        hs = bh64
+    for n in range(0, NL):
+        _state_put(HS, S, hs, n, NT, soff, smask, K, V)
         rows, rmask, tok, xtok, stok, gmask = _rows_w(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
         x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
         dt = x.dtype
@@ -274,12 +300,23 @@ def _fwd_state(X, VV, ETA, G, WT, VT, S0, HS, R, ST, T, XT, XOFF, NT, H: tl.cons
 @triton.jit
 def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
              C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DELTA: tl.constexpr,
-             READ_AFTER: tl.constexpr, PREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr):
+             READ_AFTER: tl.constexpr, PREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX,
+             COFF, VARLEN: tl.constexpr):
     vb = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
+    if VARLEN:
+        _s, n, bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
+        Q += bos * H * K
+        X += bos * H * K
+        VV += bos * H * V
+        R += bos * H * V
+        ETA += bos * H
+        G += bos * H
+        O += bos * H * V
+        HS += coff * K * V
     i = tl.arange(0, C)
     rows, rmask, tok, xtok, stok, gmask = _rows_w(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
     ck = tl.arange(0, BK)
@@ -323,12 +360,19 @@ def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl
 @triton.jit
 def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
              BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-             GROUP: tl.constexpr, GATHER: tl.constexpr):
+             GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
     vb = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
+    if VARLEN:
+        _s, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        Q += bos * H * K
+        X += bos * H * K
+        G += bos * H
+        DO += bos * H * V
+        DU += bos * H * V
     i = tl.arange(0, C)
     rows, rmask, tok, xtok, stok, gmask = _rows_w(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
     ck = tl.arange(0, BK)
@@ -362,7 +406,8 @@ def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: 
 def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                DELTA: tl.constexpr, READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr,
-               STORE_DS0: tl.constexpr, PREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr):
+               STORE_DS0: tl.constexpr, PREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX,
+               COFF, VARLEN: tl.constexpr):
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -371,9 +416,24 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
     ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
     dH = _state_init(DST, bh64, soff, smask, HAS_DST, K, V, BK, BV)
-    for nn in range(0, NT):
-        n = NT - 1 - nn
-        _state_put(DHS, dH, bh64, n, NT, soff, smask, K, V)
+    if VARLEN:
+        bos, T, NL, coff = _varlen_seq(CU, COFF, b, C)
+        Q += bos * H * K
+        X += bos * H * K
+        ETA += bos * H
+        G += bos * H
+        WT += bos * H * K
+        DO += bos * H * V
+        DU += bos * H * V
+        DHS += coff * K * V
+        hs = h.to(tl.int64)
+        b = 0
+    else:
+        NL = NT
+        hs = bh64
+    for nn in range(0, NL):
+        n = NL - 1 - nn
+        _state_put(DHS, dH, hs, n, NT, soff, smask, K, V)
         rows, rmask, tok, xtok, stok, gmask = _rows_w(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
         km = rmask[:, None] & kmask[None, :]
         vm = rmask[:, None] & vmask[None, :]
@@ -409,11 +469,29 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
 def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, XT, XOFF, NT,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-              GROUP: tl.constexpr, GATHER: tl.constexpr):
+              GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
+    if VARLEN:
+        _s, n, bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
+        Q += bos * H * K
+        X += bos * H * K
+        VV += bos * H * V
+        R += bos * H * V
+        ETA += bos * H
+        G += bos * H
+        A += bos * H * C
+        DO += bos * H * V
+        DU += bos * H * V
+        DQ += bos * H * K
+        DX += bos * H * K
+        DV += bos * H * V
+        DETA += bos * H
+        DG += bos * H
+        HS += coff * K * V
+        DHS += coff * K * V
     i = tl.arange(0, C)
     rows, rmask, tok, xtok, stok, gmask = _rows_w(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
     if GATHER:  # the pair gradients go to per-pseudo-token rows; the launcher sums each pair's W rows
@@ -539,13 +617,28 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
 # ------------------------------------------------------------------------------------------------
 # launchers and the autograd function
 # ------------------------------------------------------------------------------------------------
+def _varlen_args(vl, q, C, group, xoff, B):
+    """(kernel arguments CU, CIDX, COFF, VARLEN; chunk slots NT or None; state rows B) for a call with packed
+    sequences `vl` (common.varlen) or without (dummy pointers: q, never read)."""
+    if vl is None:
+        return (q, q, q, False), None, B
+    if group != 1 or xoff != 0 or B != 1:
+        raise ValueError("packed sequences (cu_seqlens) run with window 1 on a batch of 1 (B = 1)")
+    return (vl.cu, vl.cidx, vl.coff, True), vl.NT, vl.N
+
+
 def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf32=False,
-                  out_dtype=None, group=1, gather=False):
+                  out_dtype=None, group=1, gather=False, cu_seqlens=None):
     """gather (Falcon-3, group = W > 1, ours): q, eta, g are the T steps and x, v the T + W - 1 pairs (no pseudo-token
-    expansion on the host): the kernels run over the T·W pseudo-tokens reading them in place; O has the T steps."""
+    expansion on the host): the kernels run over the T·W pseudo-tokens reading them in place; O has the T steps.
+    cu_seqlens (window 1, B = 1): the packed sequences run natively (no padding; S0 and S_T have one row per
+    sequence; the per-chunk states of head h sit in NT = common.varlen_chunks slots)."""
     Ts = q.shape[1]
     B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
                                                                   Ts * group if gather else 0)
+    vl = varlen(cu_seqlens, T, C) if cu_seqlens is not None else None
+    va, NTv, NS = _varlen_args(vl, q, C, group, xoff, B)
+    NT = NTv or NT
     XT = x.shape[1]
     f32 = torch.float32
     if delta:
@@ -555,38 +648,41 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         R = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
         iprec = prec if (q.dtype == torch.float32 or dev.type == "cpu") else "tf32"
         _fwd_prep[(NT, B * H)](x, v, eta, g, A, WT, VT, T, XT, xoff, H, K, V, C, BK, BVo, prec, iprec, group, gather,
-                               **st)
+                               *va, **st)
     else:
         A = WT = VT = R = eta  # never read (constexpr-disabled branches)
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
-    ST = _empty((B, H, K, V), f32, dev)
-    _fwd_state[(cdiv(V, BVs), B * H)](
+    ST = _empty((NS, H, K, V), f32, dev)
+    _fwd_state[(cdiv(V, BVs), NS * H)](
         x, v, eta, g, WT, VT, S0 if S0 is not None else eta, HS, R, ST, T, XT, xoff, NT, H, K, V, C,
-        BK, BVs, delta, S0 is not None, True, prec, group, gather, **st)
+        BK, BVs, delta, S0 is not None, True, prec, group, gather, *va, **st)
     O = _empty((B, Ts, H, V), out_dtype or q.dtype, dev)
     _fwd_out[(cdiv(V, BVo), NT, B * H)](
         q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, group, gather,
-        **st)
+        *va, **st)
     return O, ST, (HS, A, WT, R)
 
 
 def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xoff=0,
-                   allow_tf32=False, need_ds0=True, group=1, gather=False):
+                   allow_tf32=False, need_ds0=True, group=1, gather=False, cu_seqlens=None):
     HS, A, WT, R = saved
     Ts = q.shape[1]
     B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
                                                                      Ts * group if gather else 0)
+    vl = varlen(cu_seqlens, T, C) if cu_seqlens is not None else None
+    va, NTv, NS = _varlen_args(vl, q, C, group, xoff, B)
+    NT = NTv or NT
     XT = x.shape[1]
     f32 = torch.float32
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     _bwd_dul[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,
-                                                read_after, prec, group, gather, **st)
+                                                read_after, prec, group, gather, *va, **st)
     DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
-    DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
-    _bwd_state[(cdiv(V, BVs), B * H)](
+    DS0 = _empty((NS, H, K, V), f32, dev) if need_ds0 else None
+    _bwd_state[(cdiv(V, BVs), NS * H)](
         q, x, eta, g, WT, dO, DU, dST if dST is not None else eta, DHS,
         DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BK, BVs, delta, read_after,
-        dST is not None, need_ds0, prec, group, gather, **st)
+        dST is not None, need_ds0, prec, group, gather, *va, **st)
     if gather:  # per-pseudo-token gradients of q, x, v, eta (as the expansion's autograd has them), summed below;
         dq = _empty((B, T, H, K), q.dtype, dev)  # log γ's lands per step
         dx = _empty((B, T, H, K), x.dtype, dev)
@@ -603,7 +699,8 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
         deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
     _bwd_main[(NT, B * H)](q, x, v, R, eta, g, A, HS, DHS, dO, DU, dq, dx, dv, deta, dg, T, XT, xoff,
-                           NT, H, K, V, C, BK, BVm, delta, read_after, prec, group, gather, num_warps=wm, **st)
+                           NT, H, K, V, C, BK, BVm, delta, read_after, prec, group, gather, *va, num_warps=wm,
+                           **st)
     if gather:
         W = group
         dq = dq.view(B, Ts, W, H, K).sum(2)

@@ -4,6 +4,9 @@ host and the pieces of the chunk kernels on the device.
 Host:   `launch(q, v, C, allow_tf32)` -> `Launch` (shapes, chunk count, tile sizes, dot precision, pipeline stages,
         device) for one call of a family's forward or backward; `_empty` (NaN-poisoned under FALCON_TRITON_POISON=1
         for the GPU checks); the tile and precision rules `_cfg`, `_prec`, `_stages`.
+Varlen: `varlen(cu_seqlens, T, C)` -> `Varlen` (per-chunk program -> (sequence, chunk), each sequence's first chunk
+        slot) on the host; `_varlen_chunk`, `_varlen_seq` on the device, after which a kernel moves its token pointers
+        to the sequence's first token and runs as for one sequence of its length.
 Device: the token offsets of a chunk's rows (`_chunk_rows`), the [BK, BV] tile of a (b, h) state (`_state_tile`),
         a state read at the start of a sequential pass (`_state_init`: S0 or dS_T or zeros) and the per-chunk states
         it writes (`_state_put`: HS forward, DHS backward). Triton inlines them, so a kernel composed of them compiles
@@ -86,6 +89,36 @@ class Launch(NamedTuple):
     dev: torch.device
 
 
+class Varlen(NamedTuple):
+    """Packed sequences (B = 1, tokens of sequence s at cu[s] .. cu[s+1]-1) as the kernels read them (fla's
+    `prepare_chunk_indices` in spirit; the layout is ours): every tensor here is made on q's device from cu_seqlens
+    with shapes known from T, N and C alone, so nothing waits for the GPU and torch.compile sees static shapes."""
+    cu: torch.Tensor    # [N+1] int32 token offsets
+    cidx: torch.Tensor  # [NT, 2] int32 (sequence, chunk in it) of each per-chunk program; (-1, 0) past the last
+    coff: torch.Tensor  # [N+1] int32 index of each sequence's first chunk among the NT slots
+    N: int
+    NT: int             # chunk slots: an upper bound of Σ ceil(len_s / C)
+
+
+def varlen_chunks(T: int, N: int, C: int) -> int:
+    """Chunk slots for N packed sequences of T tokens in all: Σ ceil(l/C) <= (T + N(C-1)) / C, and <= T."""
+    return max(1, min(T, (T + N * (C - 1)) // C))
+
+
+def varlen(cu_seqlens: torch.Tensor, T: int, C: int) -> Varlen:
+    cu = cu_seqlens.to(torch.int32).contiguous()
+    N = cu.numel() - 1
+    NT = varlen_chunks(T, N, C)
+    lens = cu[1:] - cu[:-1]
+    coff = torch.cat([cu.new_zeros(1), torch.cumsum((lens + C - 1) // C, 0, dtype=torch.int32)])
+    j = torch.arange(NT, device=cu.device, dtype=torch.int32)
+    seq = torch.searchsorted(coff[1:], j, right=True).to(torch.int32)  # the sequence whose chunks hold slot j
+    ok = seq < N
+    n = j - coff[seq.clamp(max=N - 1)]
+    cidx = torch.stack([torch.where(ok, seq, -1), torch.where(ok, n, 0)], 1).to(torch.int32).contiguous()
+    return Varlen(cu, cidx, coff, N, NT)
+
+
 def launch(q: torch.Tensor, V: int, C: int, allow_tf32: bool, T: int = 0) -> Launch:
     """T: the rows the kernels run over, if not q's (Falcon-3's pseudo-tokens gathered in the kernels)."""
     B, Tq, H, K = q.shape
@@ -107,6 +140,29 @@ def _chunk_rows(b, h, n, i, T, XT, XOFF, H: tl.constexpr, C: tl.constexpr):
     tok = (b * T + rows).to(tl.int64) * H + h
     xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
     return rows, rmask, tok, xtok
+
+
+@triton.jit
+def _varlen_chunk(CU, CIDX, COFF, j):
+    """Per-chunk program j over packed sequences (see `varlen`): (sequence, chunk n in it, its first token (int64),
+    its length, its first chunk's slot (int64)). A slot past the last chunk reads as an empty chunk of sequence 0:
+    every row masked, its state slot 0 (a real one) read and nothing written."""
+    s = tl.load(CIDX + 2 * j)
+    n = tl.load(CIDX + 2 * j + 1)
+    ok = s >= 0
+    s = tl.where(ok, s, 0)
+    bos = tl.load(CU + s)
+    Tn = tl.where(ok, tl.load(CU + s + 1) - bos, 0)
+    return s, n, bos.to(tl.int64), Tn, tl.load(COFF + s).to(tl.int64)
+
+
+@triton.jit
+def _varlen_seq(CU, COFF, s, C: tl.constexpr):
+    """Sequence s of a packed batch for a sequential pass: (first token (int64), length, chunks, first chunk's slot
+    (int64))."""
+    bos = tl.load(CU + s)
+    Tn = tl.load(CU + s + 1) - bos
+    return bos.to(tl.int64), Tn, tl.cdiv(Tn, C), tl.load(COFF + s).to(tl.int64)
 
 
 @triton.jit

@@ -33,6 +33,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .chunk import chunk_backward, chunk_forward
+from .common import varlen_chunks
 from .percol import percol_backward, percol_forward
 from .percol_delta import percol_delta_backward, percol_delta_forward
 from .window_linear import window_linear_backward, window_linear_forward
@@ -45,40 +46,49 @@ def _cdiv(a: int, b: int) -> int:
 # ---- the families ---------------------------------------------------------------------------------
 # scalar cfg: [delta, read_after, C, xoff, allow_tf32, out_fp32, group, gather] (gather: Falcon-3's pseudo-tokens read
 # in place by the kernels, q/eta/g with T steps and x/v with T + group - 1 pairs; else every input has the kernel's rows)
-def _scalar_fwd(q, x, v, eta, g, S0, cfg):
+# cu (cu_seqlens, window 1, B = 1): packed sequences run natively; S0, S_T and dS0 have one row per sequence
+def _scalar_fwd(q, x, v, eta, g, S0, cfg, cu=None):
     delta, read_after, C, xoff, tf32, out_f32, group, gather = cfg
     O, ST, (HS, A, WT, R) = chunk_forward(q, x, v, eta, g, S0, delta=bool(delta), read_after=bool(read_after),
                                           C=C, xoff=xoff, allow_tf32=bool(tf32),
                                           out_dtype=torch.float32 if out_f32 else None, group=group,
-                                          gather=bool(gather))
+                                          gather=bool(gather), cu_seqlens=cu)
     if not delta:  # the delta-only buffers are not made (chunk_forward hands back eta in their place)
         A, WT, R = (eta.new_empty(0) for _ in range(3))
     return [O, ST, HS, A, WT, R]
 
 
-def _scalar_bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0):
+def _scalar_bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0, cu=None):
     delta, read_after, C, xoff, tf32, _, group, gather = cfg
     HS, A, WT, R = saved
     if not delta:
         A = WT = R = eta  # never read by the kernels (constexpr-disabled branches)
     return chunk_backward(q, x, v, eta, g, (HS, A, WT, R), dO, dST, delta=bool(delta), read_after=bool(read_after),
-                          C=C, xoff=xoff, allow_tf32=bool(tf32), need_ds0=need_ds0, group=group, gather=bool(gather))
+                          C=C, xoff=xoff, allow_tf32=bool(tf32), need_ds0=need_ds0, group=group, gather=bool(gather),
+                          cu_seqlens=cu)
 
 
-def _scalar_saved_shapes(q, x, v, cfg):
+def _scalar_saved_shapes(q, x, v, cfg, cu=None):
     delta, _, C, _, _, _, group, gather = cfg
     B, T, H, K = q.shape
     T = T * group if gather else T
     V = v.shape[-1]
-    hs = ((B, H, _cdiv(T, C), K, V), torch.float32)
+    NT = varlen_chunks(T, cu.shape[0] - 1, C) if cu is not None else _cdiv(T, C)
+    hs = ((B, H, NT, K, V), torch.float32)
     if not delta:
         return [hs] + [((0,), torch.float32)] * 3
     return [hs, ((B, T, H, C), torch.float32), ((B, T, H, K), q.dtype), ((B, T, H, V), q.dtype)]
 
 
 # percol / percol_delta cfg: [read_after, C, allow_tf32]
+def _no_varlen(cu):
+    if cu is not None:
+        raise NotImplementedError("packed sequences (cu_seqlens) run natively in the scalar family only")
+
+
 def _percol_fwd(fwd):
-    def f(q, x, v, eta, g, S0, cfg):
+    def f(q, x, v, eta, g, S0, cfg, cu=None):
+        _no_varlen(cu)
         read_after, C, tf32 = cfg
         O, ST, saved = fwd(q, x, v, eta, g, S0, read_after=bool(read_after), C=C, allow_tf32=bool(tf32))
         return [O, ST, *saved]
@@ -86,7 +96,7 @@ def _percol_fwd(fwd):
 
 
 def _percol_bwd(bwd):
-    def f(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0):
+    def f(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0, cu=None):
         read_after, C, tf32 = cfg
         return bwd(q, x, v, eta, g, tuple(saved), dO, dST, read_after=bool(read_after), C=C, allow_tf32=bool(tf32),
                    need_ds0=need_ds0)
@@ -94,7 +104,7 @@ def _percol_bwd(bwd):
 
 
 def _percol_saved_shapes(with_r: bool):
-    def f(q, x, v, cfg):
+    def f(q, x, v, cfg, cu=None):
         _, C, _ = cfg
         B, T, H, K = q.shape
         V = v.shape[-1]
@@ -104,20 +114,21 @@ def _percol_saved_shapes(with_r: bool):
 
 
 # window_linear cfg: [read_after, C, W, allow_tf32] (Falcon-3A in one scan)
-def _wl_fwd(q, x, v, eta, g, S0, cfg):
+def _wl_fwd(q, x, v, eta, g, S0, cfg, cu=None):
+    _no_varlen(cu)
     read_after, C, W, tf32 = cfg
     O, ST, saved = window_linear_forward(q, x, v, eta, g, S0, read_after=bool(read_after), C=C, W=W,
                                          allow_tf32=bool(tf32))
     return [O, ST, *saved]
 
 
-def _wl_bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0):
+def _wl_bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0, cu=None):
     read_after, C, W, tf32 = cfg
     return window_linear_backward(q, x, v, eta, g, tuple(saved), dO, dST, read_after=bool(read_after), C=C, W=W,
                                   allow_tf32=bool(tf32), need_ds0=need_ds0)
 
 
-def _wl_saved_shapes(q, x, v, cfg):
+def _wl_saved_shapes(q, x, v, cfg, cu=None):
     B, T, H, K = q.shape
     return [((B, H, _cdiv(T, cfg[1]), K, v.shape[-1]), torch.float32)]
 
@@ -137,45 +148,52 @@ def _out_dtype(q, family, cfg):
 # ---- the operators ----------------------------------------------------------------------------------
 @torch.library.custom_op("falcon_lab::chunk_core_fwd", mutates_args=())
 def chunk_core_fwd(q: torch.Tensor, x: torch.Tensor, v: torch.Tensor, eta: torch.Tensor, g: torch.Tensor,
-                   S0: Optional[torch.Tensor], family: str, cfg: List[int]) -> List[torch.Tensor]:
-    return _FAMILIES[family][0](q, x, v, eta, g, S0, list(cfg))
+                   S0: Optional[torch.Tensor], family: str, cfg: List[int],
+                   cu_seqlens: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+    return _FAMILIES[family][0](q, x, v, eta, g, S0, list(cfg), cu_seqlens)
+
+
+def _states(q, v, cu):
+    """Rows of S0 / S_T / dS0: the batch, or the packed sequences."""
+    return cu.shape[0] - 1 if cu is not None else q.shape[0]
 
 
 @chunk_core_fwd.register_fake
-def _(q, x, v, eta, g, S0, family, cfg):
+def _(q, x, v, eta, g, S0, family, cfg, cu_seqlens=None):
     B, T, H, _ = q.shape
     V = v.shape[-1]
     O = q.new_empty((B, T, H, V), dtype=_out_dtype(q, family, cfg))
-    ST = q.new_empty((B, H, q.shape[-1], V), dtype=torch.float32)
-    return [O, ST] + [q.new_empty(s, dtype=d) for s, d in _FAMILIES[family][2](q, x, v, list(cfg))]
+    ST = q.new_empty((_states(q, v, cu_seqlens), H, q.shape[-1], V), dtype=torch.float32)
+    return [O, ST] + [q.new_empty(s, dtype=d) for s, d in _FAMILIES[family][2](q, x, v, list(cfg), cu_seqlens)]
 
 
-def _family_bwd(q, x, v, eta, g, saved, dO, dST, family, cfg, need_ds0):
+def _family_bwd(q, x, v, eta, g, saved, dO, dST, family, cfg, need_ds0, cu_seqlens=None):
     dST = dST.contiguous().float() if dST is not None else None
-    return _FAMILIES[family][1](q, x, v, eta, g, list(saved), dO.contiguous(), dST, cfg, need_ds0)
+    return _FAMILIES[family][1](q, x, v, eta, g, list(saved), dO.contiguous(), dST, cfg, need_ds0, cu_seqlens)
 
 
 @torch.library.custom_op("falcon_lab::chunk_core_bwd", mutates_args=())
 def chunk_core_bwd(q: torch.Tensor, x: torch.Tensor, v: torch.Tensor, eta: torch.Tensor, g: torch.Tensor,
                    saved: List[torch.Tensor], dO: torch.Tensor, dST: Optional[torch.Tensor], family: str,
-                   cfg: List[int], need_ds0: bool) -> List[torch.Tensor]:
-    grads = _family_bwd(q, x, v, eta, g, saved, dO, dST, family, list(cfg), need_ds0)
+                   cfg: List[int], need_ds0: bool, cu_seqlens: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+    grads = _family_bwd(q, x, v, eta, g, saved, dO, dST, family, list(cfg), need_ds0, cu_seqlens)
     dS0 = grads[5] if grads[5] is not None else q.new_empty(0, dtype=torch.float32)
     return [*grads[:5], dS0]
 
 
 @chunk_core_bwd.register_fake
-def _(q, x, v, eta, g, saved, dO, dST, family, cfg, need_ds0):
-    B, H, K, V = q.shape[0], q.shape[2], q.shape[3], v.shape[-1]
-    dS0 = q.new_empty((B, H, K, V) if need_ds0 else (0,), dtype=torch.float32)
+def _(q, x, v, eta, g, saved, dO, dST, family, cfg, need_ds0, cu_seqlens=None):
+    H, K, V = q.shape[2], q.shape[3], v.shape[-1]
+    dS0 = q.new_empty((_states(q, v, cu_seqlens), H, K, V) if need_ds0 else (0,), dtype=torch.float32)
     return [torch.empty_like(q), torch.empty_like(x), torch.empty_like(v), torch.empty_like(eta),
             torch.empty_like(g), dS0]
 
 
 def _setup_context(ctx, inputs, output):
-    q, x, v, eta, g, S0, family, cfg = inputs
-    ctx.save_for_backward(q, x, v, eta, g, *output[2:])
-    ctx.family, ctx.cfg, ctx.has_s0 = family, list(cfg), S0 is not None
+    q, x, v, eta, g, S0, family, cfg, *rest = inputs  # a traced call may leave cu_seqlens = None out
+    cu = rest[0] if rest else None
+    ctx.save_for_backward(q, x, v, eta, g, *output[2:], *([cu] if cu is not None else []))
+    ctx.family, ctx.cfg, ctx.has_s0, ctx.has_cu = family, list(cfg), S0 is not None, cu is not None
     # Gradients of outputs nobody used arrive as None, not as zero tensors: the saved intermediates (HS, A, WT, R
     # are outputs here only because a custom operator must return them) would otherwise get zero-filled
     # gradients of their full size in every backward (at (16, 2048, 12, 64): ~305 MB for Falcon-1's HS, A, WT, R,
@@ -189,15 +207,17 @@ def _grads(ctx, dO, dST, bwd):
     """The core's input gradients from dO, dS_T (either may be None) through `bwd` (the backward operator or
     the family's function itself): what both the operator's autograd and the eager Function return."""
     q, x, v, eta, g, *saved = ctx.saved_tensors
+    cu = saved.pop() if ctx.has_cu else None
     if dO is None:
         dO = torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=_out_dtype(q, ctx.family, ctx.cfg), device=q.device)
     need_ds0 = bool(ctx.has_s0 and ctx.needs_input_grad[5])
-    dq, dx, dv, deta, dg, dS0 = bwd(q, x, v, eta, g, saved, dO, dST, ctx.family, ctx.cfg, need_ds0)
-    return dq, dx, dv, deta, dg, (dS0 if need_ds0 else None), None, None
+    dq, dx, dv, deta, dg, dS0 = bwd(q, x, v, eta, g, saved, dO, dST, ctx.family, ctx.cfg, need_ds0, cu)
+    return dq, dx, dv, deta, dg, (dS0 if need_ds0 else None), None, None, None
 
 
 def _backward(ctx, grads):
-    return _grads(ctx, grads[0], grads[1], chunk_core_bwd)
+    # one gradient per input the call passed: a traced call that leaves the default cu_seqlens out has one fewer
+    return _grads(ctx, grads[0], grads[1], chunk_core_bwd)[:len(ctx.needs_input_grad)]
 
 
 chunk_core_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -207,9 +227,9 @@ class _ChunkCore(torch.autograd.Function):
     """The operator's forward and backward without the operator's dispatch (plain eager calls only)."""
 
     @staticmethod
-    def forward(ctx, q, x, v, eta, g, S0, family, cfg):
-        out = _FAMILIES[family][0](q, x, v, eta, g, S0, cfg)
-        _setup_context(ctx, (q, x, v, eta, g, S0, family, cfg), out)
+    def forward(ctx, q, x, v, eta, g, S0, family, cfg, cu_seqlens):
+        out = _FAMILIES[family][0](q, x, v, eta, g, S0, cfg, cu_seqlens)
+        _setup_context(ctx, (q, x, v, eta, g, S0, family, cfg, cu_seqlens), out)
         return out[0], out[1]
 
     @staticmethod
@@ -223,12 +243,12 @@ def plain_eager() -> bool:
     return not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
 
 
-def chunk_core(q, x, v, eta, g, S0, family: str, cfg) -> tuple:
+def chunk_core(q, x, v, eta, g, S0, family: str, cfg, cu_seqlens=None) -> tuple:
     """(O, S_T) of one Triton kernel family: through the custom operator while torch.compile traces or a
     dispatch mode is active (selective checkpointing, fake tensors), else through `_ChunkCore` (same functions,
-    less host time)."""
+    less host time). cu_seqlens: packed sequences run natively (scalar family, window 1)."""
     cfg = [int(c) for c in cfg]
     if not plain_eager():
-        out = chunk_core_fwd(q, x, v, eta, g, S0, family, cfg)
+        out = chunk_core_fwd(q, x, v, eta, g, S0, family, cfg, cu_seqlens)
         return out[0], out[1]
-    return _ChunkCore.apply(q, x, v, eta, g, S0, family, cfg)
+    return _ChunkCore.apply(q, x, v, eta, g, S0, family, cfg, cu_seqlens)
