@@ -32,7 +32,7 @@ def check(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "fake GPU")
     state = dict(calls=[], poisoned=False)
 
-    def fake(kind, keys):
+    def fake(kind, keys, extra=None):
         def f(**kw):
             state["calls"].append((kind, kw))
             if state["poisoned"]:  # what a real poisoned context does to every later call
@@ -42,12 +42,13 @@ def check(monkeypatch):
                 if "illegal memory access" in str(err):
                     state["poisoned"] = True
                 raise err
-            return {k: 1e-7 for k in keys}
+            return {**{k: 1e-7 for k in keys}, **(extra or {})}
         return f
 
     monkeypatch.setattr(gpu_check, "check_core", fake("core", ["o", "S_T", "dq"]))
     monkeypatch.setattr(gpu_check, "check_api", fake("api", ["o", "dq"]))
     monkeypatch.setattr(gpu_check, "check_decode_graph", fake("decode", ["o_graph_decode"]))
+    monkeypatch.setattr(gpu_check, "check_varlen", fake("varlen", ["o", "S_T", "dq"], {"native": 1.0, "seen": 0.0}))
     monkeypatch.setattr(gpu_check, "_cuda_usable", lambda: not state["poisoned"])
     tf32 = torch.backends.cuda.matmul.allow_tf32  # main() sets it (a process-wide flag)
     yield gpu_check, state
@@ -57,7 +58,7 @@ def check(monkeypatch):
 def _run(check, tmp_path, raise_at):
     gpu_check, state = check
     state["raise_at"] = raise_at
-    # variant 1 (proven: every row runs), quick: 10 core rows, 2 public-op rows, 1 decode row
+    # variant 1 (proven: every row runs), quick: 10 core rows, 2 public-op rows, 1 decode row, 4 native-varlen rows
     n_fail = gpu_check.main(["--out", str(tmp_path), "--quick", "--variants", "1"])
     rows = json.loads((tmp_path / "triton_check_h200.json").read_text())["rows"]
     md = (tmp_path / "triton_check_h200.md").read_text()
@@ -67,18 +68,18 @@ def _run(check, tmp_path, raise_at):
 def test_poisoning_row_stops_the_check(check, tmp_path):
     crash = RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")
     n_fail, rows, md, state = _run(check, tmp_path, {3: crash})
-    assert len(rows) == 13 and [r["kind"] for r in rows].count("core") == 10
+    assert len(rows) == 17 and [r["kind"] for r in rows].count("core") == 10
     assert [r["status"] for r in rows[:2]] == ["pass", "pass"]
     assert rows[2]["status"].startswith("ERROR RuntimeError: Triton Error [CUDA]: an illegal memory access")
     assert "poisoned the CUDA context" in rows[2]["status"]
-    for r in rows[3:]:  # later core rows, the public-op rows and the decode row alike
+    for r in rows[3:]:  # later core rows, the public-op, decode and varlen rows alike
         assert r["status"].startswith("not run: CUDA context poisoned by row 3 "), r
         assert "errors" not in r
     assert len(state["calls"]) == 3  # nothing ran on the dead context
-    assert n_fail == 11
+    assert n_fail == 15
     meta = json.loads((tmp_path / "triton_check_h200.json").read_text())["meta"]
     assert meta["context_poisoned_by"].startswith("3 ")
-    assert md.count("not run: CUDA context poisoned by row 3") == 10
+    assert md.count("not run: CUDA context poisoned by row 3") == 14
 
 
 def test_other_errors_do_not_stop_the_check(check, tmp_path):
@@ -88,7 +89,7 @@ def test_other_errors_do_not_stop_the_check(check, tmp_path):
     assert rows[0]["status"] == "ERROR OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB."
     assert rows[11]["status"] == "ERROR ValueError: bad shape"
     assert all(r["status"] == "pass" for i, r in enumerate(rows) if i not in (0, 11))
-    assert len(state["calls"]) == 13 and n_fail == 2
+    assert len(state["calls"]) == 17 and n_fail == 2
     assert "\nmore" not in md  # one line per table row
 
 
@@ -111,3 +112,23 @@ def test_rows_runs_the_chosen_rows_with_the_full_runs_numbers_and_seeds(check, t
     assert [kw["seed"] for kind, kw in state["calls"] if kind == "core"] == [1, 2]  # the full run's seeds
     with pytest.raises(SystemExit, match="--rows"):
         gpu_check.main(["--out", str(tmp_path), "--rows", "2-x"])
+
+
+def test_kinds_runs_only_those_rows_with_the_full_runs_numbers(check, tmp_path):
+    gpu_check, state = check
+    state["raise_at"] = {}
+    gpu_check.main(["--out", str(tmp_path), "--quick", "--variants", "1", "--kinds", "varlen-native"])
+    rows = json.loads((tmp_path / "triton_check_h200.json").read_text())["rows"]
+    assert [r["row"] for r in rows] == [14, 15, 16, 17] and {r["kind"] for r in rows} == {"varlen-native"}
+    assert all(r["status"] == "pass" for r in rows) and [kind for kind, _ in state["calls"]] == ["varlen"] * 4
+
+
+def test_a_varlen_row_that_was_padded_fails(check, tmp_path, monkeypatch):
+    """The native packed kernels must have run: a row whose call was padded (native = 0) fails even when its
+    errors are small."""
+    gpu_check, state = check
+    state["raise_at"] = {}
+    monkeypatch.setattr(gpu_check, "check_varlen", lambda **kw: {"o": 1e-7, "native": 0.0, "seen": 0.0})
+    gpu_check.main(["--out", str(tmp_path), "--quick", "--variants", "1", "--kinds", "varlen-native"])
+    rows = json.loads((tmp_path / "triton_check_h200.json").read_text())["rows"]
+    assert len(rows) == 4 and all(r["status"] == "FAIL" for r in rows)

@@ -90,6 +90,14 @@ VARLEN = [dict(id=f"varlen-native-F{v}-{dt}-C{C}", varlen=True, variant=v, dtype
                                           ("1A", "float16", 64), ("1", "float32", 64)])]
 VARLEN += [dict(id=f"varlen-native-F{v}-read-before-no-shift", varlen=True, variant=v, dtype="float32", C=32,
                 read="before", shift=False, seed=50 + i) for i, v in enumerate(("1", "1A"))]
+VARLEN += [dict(id=f"varlen-native-F{v}-{dt}-C{C}-{rd}", varlen=True, variant=v, dtype=dt, C=C, read=rd,
+                shift=(rd == "after"), seed=60 + i)
+           for i, (v, dt, C, rd) in enumerate([("2A", "float32", 16, "after"), ("2A", "float16", 32, "before"),
+                                               ("2", "float32", 16, "after"), ("2", "float16", 64, "before")])]
+# the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the
+# fused prep kernels' packed branch
+VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dtype="float32", C=16, prep="torch",
+                seed=70 + i) for i, v in enumerate(("1", "2A"))]
 
 
 # the public op (ragged cu_seqlens, continuation) and a compiled block with Falcon-3A on the banded scan made the
@@ -189,9 +197,10 @@ def test_recompute_keeps_the_core_and_changes_nothing(results, case):
 
 @pytest.mark.parametrize("case", VARLEN, ids=[c["id"] for c in VARLEN])
 def test_packed_sequences_run_natively_and_match_float64(results, case):
-    """chunk_falcon(backend="triton", cu_seqlens=...) with the packed batch read by the chunk kernels (no padding):
-    lengths 1, C-1, C, C+1, 3C+5 (chunk slots past the last chunk included), each sequence from its own state; output,
-    final state (S, last_k, seen) and the gradients of q, k, v, beta, lam and S0 against recurrent_falcon in float64."""
+    """chunk_falcon(backend="triton", cu_seqlens=...) with the packed batch read by the chunk kernels and the fused prep
+    (no padding): lengths 1, C-1, C, C+1, 3C+5 (chunk slots past the last chunk included), each sequence from its own
+    state; output, final state (S, last_k, seen) and the gradients of q, k, v, beta, lam, S0 and the carried last keys
+    against recurrent_falcon in float64."""
     from falcon_lab.benchmarking.gpu_check import varlen_judge
 
     r = results.get(case["id"])

@@ -170,8 +170,13 @@ if __name__ == "__main__":
             elif c.get("varlen"):
                 from falcon_lab.benchmarking.gpu_check import check_varlen
 
-                res = check_varlen(variant=c["variant"], dtype=c["dtype"], K=16, dev="cpu", seed=c["seed"], C=c["C"],
-                                   read=c.get("read", "after"), shift=c.get("shift", True))
+                prep = kt._PREP
+                kt._PREP = c.get("prep", prep)  # what FALCON_TRITON_PREP sets
+                try:
+                    res = check_varlen(variant=c["variant"], dtype=c["dtype"], K=16, dev="cpu", seed=c["seed"],
+                                       C=c["C"], read=c.get("read", "after"), shift=c.get("shift", True))
+                finally:
+                    kt._PREP = prep
             elif c.get("api"):
                 from falcon_lab.benchmarking.gpu_check import check_api
 

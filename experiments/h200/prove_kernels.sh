@@ -19,9 +19,9 @@
 #   f3gather   Falcon-3 with its pseudo-tokens read in place (FALCON_TRITON_3=gather): `bench check --variants 3`, then
 #              `bench kernels --ops falcon-3` with and without it (peak memory and time, one process each);
 #   host       experiments/h200/host_bound.py (host submit time against GPU busy time per op);
-#   varlen     native packed sequences (the chunk kernels read cu_seqlens, Falcon-1/-1A): `bench check --variants 1,1A
-#              --kinds varlen-native` (float64 reference, bf16 and fp32, C = 16 and 64; all pass -> "1", "1A" into
-#              PROVEN_VARLEN), then experiments/h200/varlen_bench.py (native against padded, fwd+bwd time and peak);
+#   varlen     native packed sequences (the chunk kernels read cu_seqlens, window 1): `bench check --variants
+#              1,1A,2A,2 --kinds varlen-native` (float64 reference, bf16 and fp32, C = 16 and 64; a variant whose rows
+#              all pass goes into PROVEN_VARLEN, Falcon-2 once its chunk kernels are proven too), then experiments/h200/varlen_bench.py (native against padded, fwd+bwd time and peak);
 #   fla_warm   experiments/h200/fla_warm.py with TRITON_CACHE_AUTOTUNING=1 and TRITON_CACHE_DIR=$PWD/.tcache: fla's
 #              autotuning cached (the *.autotune.json files are packed) so the next call's default `bench kernels`
 #              fits its 10 minutes.
@@ -56,7 +56,7 @@ step prep 300 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --q
 step f3gather 300 bash -c "FALCON_TRITON_3=gather FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
   --variants 3 --out $W/check_f3gather && for m in expand gather; do FALCON_TRITON_3=\$m python3 -m falcon_lab.bench \
   kernels --ops falcon-3,falcon-1 --out $W/kernels_f3_\$m; done"
-step varlen 240 bash -c "FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 1,1A \
+step varlen 240 bash -c "FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 1,1A,2A,2 \
   --kinds varlen-native --out $W/check_varlen; FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/varlen_bench.py \
   --out $W/varlen_bench"
 step host 240 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/host_bound.py --out "$W/host_bound"

@@ -110,7 +110,8 @@ def _record(tree: str, quick: bool):
     if hasattr(ft, "_FALCON_3"):  # Falcon-3 with its pseudo-tokens read in place (since 2026-12-02)
         variants.append(("3-gather", 1, 0, 4, True))
     if "cu_seqlens" in inspect.signature(ft.core).parameters:  # packed sequences in the kernels (since 2026-12-02)
-        variants += [("1-varlen", 1, 0, 1, "varlen"), ("1A-varlen", 0, 0, 1, "varlen")]
+        variants += [(f"{v}-varlen", d, pc, 1, "varlen") for v, d, pc in (("1", 1, 0), ("1A", 0, 0), ("2", 1, 1),
+                                                                          ("2A", 0, 1))]
     skipped = set()
     for dn, dt in dts.items():
         for K in Ks:
@@ -161,6 +162,7 @@ def _record_prep(records, label, dts, quick):
         print("skipped the fused preps")
         return
     B, T, H, K = 1, 100, 2, 64
+    packed = "cu_seqlens" in inspect.signature(prep.fused_prepare).parameters
     has_window = True
     try:
         from falcon_lab.kernels.triton import prep_window
@@ -177,15 +179,25 @@ def _record_prep(records, label, dts, quick):
                 seen = torch.ones(B, dtype=torch.int64)
                 vmask = torch.ones(B, T, dtype=torch.int8) if valid else None
                 cfg = (bool(shift), bool(nlms), bool(scaled), 1e-6, 1e-4)
-                label[0] = f"prep[per_col={per_col},shift={shift},nlms={nlms},scaled={scaled},last={last}," \
-                           f"valid={valid}] {dn}"
+                base = f"prep[per_col={per_col},shift={shift},nlms={nlms},scaled={scaled},last={last}," \
+                       f"valid={valid}] {dn}"
+                label[0] = base
                 x, eta, g, stat = prep._FusedPrep.apply(k, beta, lam, lk, seen, vmask, cfg)
                 torch.autograd.grad((x.float().sum() + eta.float().sum() + g.float().sum()),
                                     [t for t in (k, beta, lam, lk) if t is not None], allow_unused=True)
+                if packed:  # two packed sequences of 37 and 63 tokens (since 2026-12-02)
+                    lk2 = torch.randn(2, H, K, dtype=dt, requires_grad=True) if last else None
+                    seq = torch.tensor([0] * 37 + [1] * (T - 37), dtype=torch.int32)
+                    cu = torch.tensor([0, 37, T], dtype=torch.int32)
+                    label[0] = base.replace("prep[", "prep-packed[")
+                    x, eta, g, stat = prep._FusedPrep.apply(k, beta, lam, lk2, torch.ones(2, dtype=torch.int64), None,
+                                                            cfg, seq, cu)
+                    torch.autograd.grad((x.float().sum() + eta.float().sum() + g.float().sum()),
+                                        [t for t in (k, beta, lam, lk2) if t is not None], allow_unused=True)
                 if has_window and not per_col:
                     W = 4
                     tx = torch.randn(B, W - 1, H, K, dtype=dt, requires_grad=True) if last else None
-                    label[0] = label[0].replace("prep[", "prep_window[W=4,")
+                    label[0] = base.replace("prep[", "prep_window[W=4,")
                     xw, eta, g, stat = prep_window._FusedWindowPrep.apply(k, beta, lam, lk, tx, seen, vmask,
                                                                           cfg + (W,))
                     torch.autograd.grad((xw.float().sum() + eta.float().sum() + g.float().sum()),

@@ -9,7 +9,7 @@
 2. The public op chunk_falcon(backend="triton") against recurrent_falcon (float64) with ragged
    cu_seqlens and a continuation split, forward and backward.
 3. The fused decode step inside a CUDA graph against recurrent_falcon, every variant.
-4. Packed sequences run natively by the chunk kernels (Falcon-1, -1A): ragged lengths around the chunk size, each
+4. Packed sequences run natively by the chunk kernels (Falcon-1, -1A, -2, -2A): ragged lengths around the chunk size, each
    sequence from its own state, forward, final state and gradients (S0 included) against recurrent_falcon.
 Writes triton_check_h200.json (every row) and triton_check_h200.md (error per variant per tensor).
 A CUDA error that poisons the context (an illegal memory access: every later CUDA call fails too) stops the
@@ -136,11 +136,11 @@ def check_api(*, variant, dtype, K, seed=0, dev="cuda"):
 def check_varlen(*, variant, dtype, K, seed=0, dev="cuda", C=64, read="after", shift=True):
     """Packed sequences run natively by the Triton chunk kernels (no padding): ragged lengths around the chunk size
     (1, C - 1, C, C + 1, several chunks), each sequence continued from its own state (S, last_k, seen), forward, final
-    state and the gradients of q, k, v, beta, lam and S0 against recurrent_falcon in float64.
+    state and the gradients of q, k, v, beta, lam, S0 and the carried last keys against recurrent_falcon in float64.
     "native" in the result: 1 when the packed kernels ran (0 would mean the call was padded)."""
     from falcon_lab.kernels import chunk_falcon, recurrent_falcon
     from falcon_lab.kernels.state import FalconState
-    from falcon_lab.kernels.triton import chunk as kchunk, varlen_check
+    from falcon_lab.kernels.triton import common as kcommon, varlen_check
 
     spec = FalconSpec.from_variant(variant)
     ok, why = varlen_check(spec, window=1, device_type=torch.device(dev).type)
@@ -157,7 +157,7 @@ def check_varlen(*, variant, dtype, K, seed=0, dev="cuda", C=64, read="after", s
     nrm = lambda t: t / t.norm(dim=-1, keepdim=True)  # noqa: E731
     q, k = (nrm(torch.randn(1, Tt, H, K, **f64)).to(dt).double() for _ in range(2))
     v = torch.randn(1, Tt, H, V, **f64).to(dt).double()
-    beta = (torch.rand(1, Tt, H, **f64) * 1.8).float().double()
+    beta = (torch.rand(1, Tt, H, *((V,) if spec.per_column else ()), **f64) * 1.8).float().double()
     lam = (torch.rand(1, Tt, H, **f64) * 0.5).float().double()
     S0 = (torch.randn(N, H, K, V, **f64) * 0.1).float().double()
     last_k = nrm(torch.randn(N, H, K, **f64)).to(dt).double()
@@ -169,29 +169,29 @@ def check_varlen(*, variant, dtype, K, seed=0, dev="cuda", C=64, read="after", s
         return FalconState(S=S, last_k=lk, seen=seen, tail_x=None, tail_v=None, variant=variant, window=1,
                            shift=shift, read=read)
 
-    ins = [t.clone().requires_grad_(True) for t in (q, k, v, beta, lam, S0)]
-    o_ref, st_ref = recurrent_falcon(*ins[:5], initial_state=state(ins[5], last_k), **kw)
+    ins = [t.clone().requires_grad_(True) for t in (q, k, v, beta, lam, S0, last_k)]
+    o_ref, st_ref = recurrent_falcon(*ins[:5], initial_state=state(ins[5], ins[6]), **kw)
     do, ds = torch.randn_like(o_ref), torch.randn_like(st_ref.S)
-    gref = torch.autograd.grad((o_ref * do).sum() + (st_ref.S * ds).sum(), ins)
+    gref = torch.autograd.grad((o_ref * do).sum() + (st_ref.S * ds).sum(), ins, allow_unused=True)
     kin = [t.detach().to(dt).requires_grad_(True) for t in (q, k, v)] + \
-          [t.detach().float().requires_grad_(True) for t in (beta, lam, S0)]
+          [t.detach().float().requires_grad_(True) for t in (beta, lam, S0)] + [last_k.detach().to(dt).requires_grad_()]
     calls = [0]
-    plan = kchunk.varlen
+    plan = kcommon.varlen
 
     def counted(*a, **kwa):
         calls[0] += 1
         return plan(*a, **kwa)
-    kchunk.varlen = counted
+    kcommon.varlen = counted
     try:
-        o, st = chunk_falcon(*kin[:5], initial_state=state(kin[5], last_k.to(dt)), backend="triton", chunk_size=C,
-                             **kw)
-        gk = torch.autograd.grad((o.double() * do).sum() + (st.S.double() * ds).sum(), kin)
+        o, st = chunk_falcon(*kin[:5], initial_state=state(kin[5], kin[6]), backend="triton", chunk_size=C, **kw)
+        gk = torch.autograd.grad((o.double() * do).sum() + (st.S.double() * ds).sum(), kin, allow_unused=True)
     finally:
-        kchunk.varlen = plan
+        kcommon.varlen = plan
     res = {"o": rel_err(o, o_ref), "S_T": rel_err(st.S, st_ref.S), "last_k": rel_err(st.last_k, st_ref.last_k),
            "seen": float((st.seen != st_ref.seen).any())}
-    for n, a, b in zip(["q", "k", "v", "beta", "lam", "S0"], gk, gref):
-        res["d" + n] = rel_err(a, b)
+    for n, a, b in zip(["q", "k", "v", "beta", "lam", "S0", "last_k"], gk, gref):
+        if shift or n != "last_k":  # without the shift the carried key is unused (no gradient)
+            res["d" + n] = rel_err(a, b)
     res["native"] = float(calls[0] == 2)  # the forward's and the backward's chunk plans
     return res
 
@@ -369,7 +369,7 @@ def main(argv=None):
 
     # native packed sequences (chunk kernels reading cu_seqlens; "not implemented" unless proven or
     # FALCON_TRITON_UNPROVEN=1): after the decode rows, so the earlier rows keep their numbers
-    for variant in [v for v in (("1", "1A") if args.final else only) if v in ("1", "1A")]:
+    for variant in [v for v in (("1", "1A") if args.final else only) if v in ("1", "1A", "2", "2A")]:
         for dtype in ("bfloat16", "float32"):
             for C in ((64,) if args.final else (16, 64)):
                 row = dict(kind="varlen-native", variant=variant, dtype=dtype, K=64, C=C)

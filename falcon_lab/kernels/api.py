@@ -161,9 +161,12 @@ def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read,
             cs = cu_seqlens.to(q.device)
             lengths = cs[1:] - cs[:-1]
             seen = st.seen.to(q.device) if st is not None else torch.zeros_like(lengths)
-            inp = prepare(k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
-                          shift=shift, eps=eps, eps_gamma=eps_gamma, seen=seen,
-                          last_k=st.last_k if st is not None else None, cu_seqlens=cs)
+            prep = prepare
+            if _fused_prep(spec, W, q):
+                from .triton import fused_prepare as prep  # same arguments, same CoreInputs
+            inp = prep(k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
+                       shift=shift, eps=eps, eps_gamma=eps_gamma, seen=seen,
+                       last_k=st.last_k if st is not None else None, cu_seqlens=cs)
             o, S = core(q, inp.xw, inp.vw, inp.eta, inp.g, S0, delta=delta, window=W, read_after=(read == "after"),
                         chunk_size=chunk_size, cu_seqlens=cs)
             final = None

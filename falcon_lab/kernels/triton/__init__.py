@@ -34,8 +34,10 @@ What runs where (docs/kernels-triton.md):
     fp32 row K = V = 16, C = 64 is wrong in every gradient that _pcd_bwd_state feeds (dx, dv, dη, dg, dS0 at
     1.1e-4 to 1.6e-4 against 3e-7 in every other fp32 row; the same row is 3.7e-7 under the interpreter):
     still unproven.
-  * packed sequences (cu_seqlens) with scalar gates and window 1 (Falcon-1, -1A): the chunk kernels read the packed
-    batch (chunk.py's VARLEN branches; the prep is the PyTorch one), no padding to [N, T_max]; interpreter-tested
+  * packed sequences (cu_seqlens) with window 1 (Falcon-1, -1A, -2, -2A): the chunk kernels read the packed batch
+    (VARLEN branches in chunk.py, percol.py, percol_delta.py, and in the fused prep, prep.py), no padding to
+    [N, T_max];
+    interpreter-tested
     against float64, not yet run on a GPU, so on CUDA only with FALCON_TRITON_UNPROVEN=1 (FALCON_TRITON_VARLEN=pad
     pads as every other variant does);
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
@@ -90,7 +92,7 @@ if _FALCON_3 not in ("expand", "gather"):
 _PREP = os.environ.get("FALCON_TRITON_PREP", "fused")
 if _PREP not in ("fused", "torch"):
     raise ValueError(f"FALCON_TRITON_PREP must be 'fused' or 'torch', got {_PREP!r}")
-# Packed sequences (cu_seqlens): "native" (the scalar chunk kernels read the packed batch, window 1: Falcon-1, -1A)
+# Packed sequences (cu_seqlens): "native" (the chunk kernels read the packed batch, window 1: Falcon-1, -1A, -2, -2A)
 # or "pad" (gathered into right-padded rows [N, T_max] first, every variant). Ours.
 _VARLEN = os.environ.get("FALCON_TRITON_VARLEN", "native")
 if _VARLEN not in ("native", "pad"):
@@ -128,7 +130,8 @@ PROVEN_DECODE = {"1", "1A", "2", "2A"}
 PROVEN_PREP = {"1", "1A", "2", "2A"}
 
 # Native packed sequences (chunk.py's VARLEN kernels, 2026-12-02): interpreter-tested against float64; not yet run
-# on a GPU (experiments/h200/NEXT.md), so on CUDA the padded path runs unless FALCON_TRITON_UNPROVEN=1.
+# on a GPU (experiments/h200/NEXT.md), so on CUDA the padded path runs unless FALCON_TRITON_UNPROVEN=1. The GPU check's
+# varlen-native rows run the fused prep's packed branch as well, so passing them proves both.
 PROVEN_VARLEN: set = set()
 
 
@@ -136,8 +139,8 @@ def varlen_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") ->
     """(whether a Triton-backend call with cu_seqlens runs the packed batch natively, why); else it is padded."""
     if _VARLEN != "native":
         return False, "FALCON_TRITON_VARLEN=pad"
-    if spec.per_column or spec.window(window) != 1:
-        return False, f"native packed sequences run with scalar gates and window 1 (Falcon-1, -1A), not {spec.label}"
+    if spec.window(window) != 1:
+        return False, f"native packed sequences run with window 1 (Falcon-1, -1A, -2, -2A), not {spec.label}"
     if device_type == "cuda" and not (spec.variant in PROVEN_VARLEN or _unproven_enabled()):
         return False, (f"the native packed-sequence kernels of {spec.label} are not proven on the H200 "
                        "(FALCON_TRITON_UNPROVEN=1 runs them anyway)")
@@ -195,7 +198,7 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
          fused_window: Optional[bool] = None, cu_seqlens: Optional[torch.Tensor] = None):
     """The Falcon core on Triton (shapes and semantics in docs/kernel-contract.md).
 
-    cu_seqlens ([N+1] token offsets; B = 1, window 1, scalar gates): the packed sequences run natively, each from its
+    cu_seqlens ([N+1] token offsets; B = 1, window 1): the packed sequences run natively, each from its
     own S0 row (S0 and the returned S_T are [N, H, K, V]); no padding.
 
     fused_window: the window inside the kernels: Falcon-3A (window > 1, no delta) in one banded scan (True) or as W
@@ -236,9 +239,9 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     if per_column and W > 1:
         raise NotImplementedError(f"backend='triton' has no chunk kernel for per-column gates with window={W}; "
                                   "use backend='torch'")
-    if cu_seqlens is not None and (per_column or W != 1 or B != 1):
-        raise NotImplementedError("backend='triton' runs packed sequences (cu_seqlens) natively with scalar gates, "
-                                  f"window 1 and B = 1, got per_column={per_column}, window={W}, B={B}")
+    if cu_seqlens is not None and (W != 1 or B != 1):
+        raise NotImplementedError("backend='triton' runs packed sequences (cu_seqlens) natively with window 1 and "
+                                  f"B = 1, got window={W}, B={B}")
     spec = FalconSpec.from_flags(delta=delta, per_column=per_column, windowed=W > 1)
     ok, why = check(spec, window=W, T=T, grad=grad, device_type=q.device.type)
     if not ok:
@@ -251,7 +254,8 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     g = g.float().contiguous()
     S0 = S0.float().contiguous() if S0 is not None else None
     if per_column:
-        return chunk_core(q, xw, vw, eta, g, S0, "percol_delta" if delta else "percol", (read_after, chunk_size, tf32))
+        return chunk_core(q, xw, vw, eta, g, S0, "percol_delta" if delta else "percol", (read_after, chunk_size, tf32),
+                          cu_seqlens)
     # scalar family cfg: (delta, read_after, C, xoff, allow_tf32, out_fp32, group, gather) (ops.py)
     if W == 1:
         return chunk_core(q, xw, vw, eta, g, S0, "scalar", (delta, read_after, chunk_size, 0, tf32, False, 1, 0),

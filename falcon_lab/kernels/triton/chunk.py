@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _state_init,  # noqa: F401
-                     _state_put, _state_tile, _varlen_chunk, _varlen_seq, cdiv, launch, varlen)
+                     _state_put, _state_tile, _varlen_chunk, _varlen_seq, cdiv, launch, varlen_args)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -617,16 +617,6 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
 # ------------------------------------------------------------------------------------------------
 # launchers and the autograd function
 # ------------------------------------------------------------------------------------------------
-def _varlen_args(vl, q, C, group, xoff, B):
-    """(kernel arguments CU, CIDX, COFF, VARLEN; chunk slots NT or None; state rows B) for a call with packed
-    sequences `vl` (common.varlen) or without (dummy pointers: q, never read)."""
-    if vl is None:
-        return (q, q, q, False), None, B
-    if group != 1 or xoff != 0 or B != 1:
-        raise ValueError("packed sequences (cu_seqlens) run with window 1 on a batch of 1 (B = 1)")
-    return (vl.cu, vl.cidx, vl.coff, True), vl.NT, vl.N
-
-
 def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf32=False,
                   out_dtype=None, group=1, gather=False, cu_seqlens=None):
     """gather (Falcon-3, group = W > 1, ours): q, eta, g are the T steps and x, v the T + W - 1 pairs (no pseudo-token
@@ -636,9 +626,7 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
     Ts = q.shape[1]
     B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
                                                                   Ts * group if gather else 0)
-    vl = varlen(cu_seqlens, T, C) if cu_seqlens is not None else None
-    va, NTv, NS = _varlen_args(vl, q, C, group, xoff, B)
-    NT = NTv or NT
+    va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group, xoff)
     XT = x.shape[1]
     f32 = torch.float32
     if delta:
@@ -669,9 +657,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     Ts = q.shape[1]
     B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
                                                                      Ts * group if gather else 0)
-    vl = varlen(cu_seqlens, T, C) if cu_seqlens is not None else None
-    va, NTv, NS = _varlen_args(vl, q, C, group, xoff, B)
-    NT = NTv or NT
+    va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group, xoff)
     XT = x.shape[1]
     f32 = torch.float32
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)

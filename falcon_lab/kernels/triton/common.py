@@ -119,6 +119,18 @@ def varlen(cu_seqlens: torch.Tensor, T: int, C: int) -> Varlen:
     return Varlen(cu, cidx, coff, N, NT)
 
 
+def varlen_args(cu_seqlens, q, T: int, C: int, NT: int, B: int, group: int = 1, xoff: int = 0):
+    """(the kernels' packed-sequence arguments CU, CIDX, COFF, VARLEN; chunk slots; state rows) for one family call:
+    with cu_seqlens the packed plan (`varlen`), the slots of its chunks and one state per sequence; without, dummy
+    pointers (q, never read), NT and B unchanged."""
+    if cu_seqlens is None:
+        return (q, q, q, False), NT, B
+    if group != 1 or xoff != 0 or B != 1:
+        raise ValueError("packed sequences (cu_seqlens) run with window 1 on a batch of 1 (B = 1)")
+    vl = varlen(cu_seqlens, T, C)
+    return (vl.cu, vl.cidx, vl.coff, True), vl.NT, vl.N
+
+
 def launch(q: torch.Tensor, V: int, C: int, allow_tf32: bool, T: int = 0) -> Launch:
     """T: the rows the kernels run over, if not q's (Falcon-3's pseudo-tokens gathered in the kernels)."""
     B, Tq, H, K = q.shape

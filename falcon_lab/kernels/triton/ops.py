@@ -46,7 +46,8 @@ def _cdiv(a: int, b: int) -> int:
 # ---- the families ---------------------------------------------------------------------------------
 # scalar cfg: [delta, read_after, C, xoff, allow_tf32, out_fp32, group, gather] (gather: Falcon-3's pseudo-tokens read
 # in place by the kernels, q/eta/g with T steps and x/v with T + group - 1 pairs; else every input has the kernel's rows)
-# cu (cu_seqlens, window 1, B = 1): packed sequences run natively; S0, S_T and dS0 have one row per sequence
+# cu (cu_seqlens, window 1, B = 1; scalar and percol families): packed sequences run natively; S0, S_T and dS0 have
+# one row per sequence
 def _scalar_fwd(q, x, v, eta, g, S0, cfg, cu=None):
     delta, read_after, C, xoff, tf32, out_f32, group, gather = cfg
     O, ST, (HS, A, WT, R) = chunk_forward(q, x, v, eta, g, S0, delta=bool(delta), read_after=bool(read_after),
@@ -83,14 +84,14 @@ def _scalar_saved_shapes(q, x, v, cfg, cu=None):
 # percol / percol_delta cfg: [read_after, C, allow_tf32]
 def _no_varlen(cu):
     if cu is not None:
-        raise NotImplementedError("packed sequences (cu_seqlens) run natively in the scalar family only")
+        raise NotImplementedError("packed sequences (cu_seqlens) run natively with window 1 only")
 
 
 def _percol_fwd(fwd):
     def f(q, x, v, eta, g, S0, cfg, cu=None):
-        _no_varlen(cu)
         read_after, C, tf32 = cfg
-        O, ST, saved = fwd(q, x, v, eta, g, S0, read_after=bool(read_after), C=C, allow_tf32=bool(tf32))
+        O, ST, saved = fwd(q, x, v, eta, g, S0, read_after=bool(read_after), C=C, allow_tf32=bool(tf32),
+                           cu_seqlens=cu)
         return [O, ST, *saved]
     return f
 
@@ -99,7 +100,7 @@ def _percol_bwd(bwd):
     def f(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0, cu=None):
         read_after, C, tf32 = cfg
         return bwd(q, x, v, eta, g, tuple(saved), dO, dST, read_after=bool(read_after), C=C, allow_tf32=bool(tf32),
-                   need_ds0=need_ds0)
+                   need_ds0=need_ds0, cu_seqlens=cu)
     return f
 
 
@@ -108,7 +109,8 @@ def _percol_saved_shapes(with_r: bool):
         _, C, _ = cfg
         B, T, H, K = q.shape
         V = v.shape[-1]
-        out = [((B, H, _cdiv(T, C), K, V), torch.float32)]
+        NT = varlen_chunks(T, cu.shape[0] - 1, C) if cu is not None else _cdiv(T, C)
+        out = [((B, H, NT, K, V), torch.float32)]
         return out + ([((B, T, H, V), torch.float32)] if with_r else [])
     return f
 

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _chunk_rows, _empty, _state_init, _state_put, _state_tile, cdiv, launch
+from .common import (_chunk_rows, _empty, _state_init, _state_put, _state_tile, _varlen_chunk, _varlen_seq,
+                     cdiv, launch, varlen_args)
 
 SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per program)
 
@@ -29,7 +30,7 @@ SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per 
 @triton.jit
 def _pc_fwd_state(X, VV, ETA, G, S0, HS, ST, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_S0: tl.constexpr,
-                  PREC: tl.constexpr):
+                  PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -38,8 +39,20 @@ def _pc_fwd_state(X, VV, ETA, G, S0, HS, ST, T, NT, H: tl.constexpr, K: tl.const
     ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
     S = _state_init(S0, bh64, soff, smask, HAS_S0, K, V, BK, BV)
-    for n in range(0, NT):
-        _state_put(HS, S, bh64, n, NT, soff, smask, K, V)
+    if VARLEN:  # packed sequences (common.varlen): (b, h) = (sequence, head), pointers moved to its first token
+        bos, T, NL, coff = _varlen_seq(CU, COFF, b, C)
+        X += bos * H * K
+        VV += bos * H * V
+        ETA += bos * H * V
+        G += bos * H * V
+        HS += coff * K * V
+        hs = h.to(tl.int64)
+        b = 0
+    else:
+        NL = NT
+        hs = bh64
+    for n in range(0, NL):
+        _state_put(HS, S, hs, n, NT, soff, smask, K, V)
         rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
         x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
         vm = rmask[:, None] & vmask[None, :]
@@ -55,12 +68,19 @@ def _pc_fwd_state(X, VV, ETA, G, S0, HS, ST, T, NT, H: tl.constexpr, K: tl.const
 
 @triton.jit
 def _pc_fwd_inter(Q, G, HS, OF, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                  BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+                  BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF,
+                  VARLEN: tl.constexpr):
     vb = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
+    if VARLEN:  # program n is chunk slot n (common.varlen); B = 1, so bh is the head
+        _s, n, bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
+        Q += bos * H * K
+        G += bos * H * V
+        OF += bos * H * V
+        HS += coff * K * V
     i = tl.arange(0, C)
     rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
     ck = tl.arange(0, BK)
@@ -84,11 +104,20 @@ def _pc_fwd_inter(Q, G, HS, OF, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.c
 @triton.jit
 def _pc_fwd_intra(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   C: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr, READ_AFTER: tl.constexpr,
-                  PREC: tl.constexpr):
+                  PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
+    if VARLEN:
+        _s, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        Q += bos * H * K
+        X += bos * H * K
+        VV += bos * H * V
+        ETA += bos * H * V
+        G += bos * H * V
+        OF += bos * H * V
+        O += bos * H * V
     i = tl.arange(0, C)
     rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
     ck = tl.arange(0, BK)
@@ -122,7 +151,7 @@ def _pc_fwd_intra(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, 
 def _pc_bwd_state(Q, X, G, DO, DST, DHS, DU, DS0, T, NT, H: tl.constexpr, K: tl.constexpr,
                   V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr,
-                  PREC: tl.constexpr):
+                  PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -131,9 +160,22 @@ def _pc_bwd_state(Q, X, G, DO, DST, DHS, DU, DS0, T, NT, H: tl.constexpr, K: tl.
     ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
     dH = _state_init(DST, bh64, soff, smask, HAS_DST, K, V, BK, BV)
-    for nn in range(0, NT):
-        n = NT - 1 - nn
-        _state_put(DHS, dH, bh64, n, NT, soff, smask, K, V)
+    if VARLEN:
+        bos, T, NL, coff = _varlen_seq(CU, COFF, b, C)
+        Q += bos * H * K
+        X += bos * H * K
+        G += bos * H * V
+        DO += bos * H * V
+        DU += bos * H * V
+        DHS += coff * K * V
+        hs = h.to(tl.int64)
+        b = 0
+    else:
+        NL = NT
+        hs = bh64
+    for nn in range(0, NL):
+        n = NL - 1 - nn
+        _state_put(DHS, dH, hs, n, NT, soff, smask, K, V)
         rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
         km = rmask[:, None] & kmask[None, :]
         vm = rmask[:, None] & vmask[None, :]
@@ -158,11 +200,30 @@ def _pc_bwd_state(Q, X, G, DO, DST, DHS, DU, DS0, T, NT, H: tl.constexpr, K: tl.
 @triton.jit
 def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, DG, T, NT,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-                 BV: tl.constexpr, SB: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+                 BV: tl.constexpr, SB: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF,
+                 VARLEN: tl.constexpr):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
+    if VARLEN:
+        _s, n, bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
+        Q += bos * H * K
+        X += bos * H * K
+        VV += bos * H * V
+        ETA += bos * H * V
+        G += bos * H * V
+        DO += bos * H * V
+        DU += bos * H * V
+        DGR += bos * H * V
+        DGU += bos * H * V
+        DQ += bos * H * K
+        DX += bos * H * K
+        DV += bos * H * V
+        DETA += bos * H * V
+        DG += bos * H * V
+        HS += coff * K * V
+        DHS += coff * K * V
     i = tl.arange(0, C)
     rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
     ck = tl.arange(0, BK)
@@ -247,27 +308,30 @@ def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, 
     tl.store(DX + tok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
 
 
-def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32):
-    """Falcon-2A core forward (per-column γ, η; linear; window 1) -> (O, S_T, saved for backward)."""
+def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_seqlens=None):
+    """Falcon-2A core forward (per-column γ, η; linear; window 1) -> (O, S_T, saved for backward). cu_seqlens
+    (B = 1): the packed sequences run natively (chunk.chunk_forward's convention)."""
     B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32)
+    va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B)
     f32 = torch.float32
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
-    ST = _empty((B, H, K, V), f32, dev)
-    _pc_fwd_state[(cdiv(V, BVs), B * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, ST, T, NT,
-                                                 H, K, V, C, BK, BVs, S0 is not None, prec, **st)
+    ST = _empty((NS, H, K, V), f32, dev)
+    _pc_fwd_state[(cdiv(V, BVs), NS * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, ST, T, NT,
+                                          H, K, V, C, BK, BVs, S0 is not None, prec, *va, **st)
     OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
     _pc_fwd_inter[(cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
-                                                    prec, **st)
+                                             prec, *va, **st)
     O = _empty((B, T, H, V), q.dtype, dev)
-    _pc_fwd_intra[(NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec,
+    _pc_fwd_intra[(NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec, *va,
                                num_warps=8, **st)
     return O, ST, (HS,)
 
 
-def percol_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf32, need_ds0):
+def percol_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf32, need_ds0, cu_seqlens=None):
     """Falcon-2A core backward -> (dq, dx, dv, deta, dg, dS0 or None)."""
     (HS,) = saved
     B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32)
+    va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B)
     f32 = torch.float32
     if dO is None:
         dO = torch.zeros(B, T, H, V, dtype=q.dtype, device=dev)
@@ -275,10 +339,10 @@ def percol_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf3
     dST = dST.contiguous().float() if dST is not None else None
     DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
-    DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
-    _pc_bwd_state[(cdiv(V, BVs), B * H)](
+    DS0 = _empty((NS, H, K, V), f32, dev) if need_ds0 else None
+    _pc_bwd_state[(cdiv(V, BVs), NS * H)](
         q, x, g, dO, dST if dST is not None else eta, DHS, DU, DS0 if DS0 is not None else eta, T, NT, H, K,
-        V, C, BK, BVs, read_after, dST is not None, need_ds0, prec, **st)
+        V, C, BK, BVs, read_after, dST is not None, need_ds0, prec, *va, **st)
     DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)
     DGU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     dq = _empty(q.shape, q.dtype, dev)
@@ -287,5 +351,5 @@ def percol_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf3
     deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
     _pc_bwd_main[(NT, B * H)](q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K,
-                              V, C, BK, BVm, SB, read_after, prec, num_warps=8, **st)
+                              V, C, BK, BVm, SB, read_after, prec, *va, num_warps=8, **st)
     return dq, dx, dv, deta, dg, DS0

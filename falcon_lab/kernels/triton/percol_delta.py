@@ -34,14 +34,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _chunk_rows, _empty, _state_init, _state_put, _state_tile, cdiv, launch
+from .common import (_chunk_rows, _empty, _state_init, _state_put, _state_tile, _varlen_chunk, _varlen_seq,
+                     cdiv, launch, varlen_args)
 from .percol import SB, _pc_bwd_main, _pc_fwd_inter, _pc_fwd_intra
 
 
 @triton.jit
 def _pcd_fwd_state(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K: tl.constexpr,
                    V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   HAS_S0: tl.constexpr, PREC: tl.constexpr):
+                   HAS_S0: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -50,8 +51,21 @@ def _pcd_fwd_state(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K: tl.
     ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
     S = _state_init(S0, bh64, soff, smask, HAS_S0, K, V, BK, BV)
-    for n in range(0, NT):
-        _state_put(HS, S, bh64, n, NT, soff, smask, K, V)
+    if VARLEN:  # packed sequences (common.varlen): (b, h) = (sequence, head), pointers moved to its first token
+        bos, T, NL, coff = _varlen_seq(CU, COFF, b, C)
+        X += bos * H * K
+        VV += bos * H * V
+        ETA += bos * H * V
+        G += bos * H * V
+        RR += bos * H * V
+        HS += coff * K * V
+        hs = h.to(tl.int64)
+        b = 0
+    else:
+        NL = NT
+        hs = bh64
+    for n in range(0, NL):
+        _state_put(HS, S, hs, n, NT, soff, smask, K, V)
         rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
         x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
         vm = rmask[:, None] & vmask[None, :]
@@ -81,12 +95,20 @@ def _pcd_fwd_state(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K: tl.
 
 @triton.jit
 def _pcd_bwd_dui(Q, X, G, DO, DUI, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                 BK: tl.constexpr, SB: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+                 BK: tl.constexpr, SB: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF,
+                 VARLEN: tl.constexpr):
     """The read-out's gradient of U = η ⊙ R: Σ_i (q_i·x_s) e^{u^r_i - u_s} dO_i (state-independent)."""
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
+    if VARLEN:  # program n is chunk slot n (common.varlen); B = 1, so bh is the head
+        _s, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        Q += bos * H * K
+        X += bos * H * K
+        G += bos * H * V
+        DO += bos * H * V
+        DUI += bos * H * V
     i = tl.arange(0, C)
     rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
     ck = tl.arange(0, BK)
@@ -117,7 +139,7 @@ def _pcd_bwd_dui(Q, X, G, DO, DUI, T, H: tl.constexpr, K: tl.constexpr, V: tl.co
 def _pcd_bwd_state(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H: tl.constexpr,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr,
-                   PREC: tl.constexpr):
+                   PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
     """Reverse state pass: dH (the gradient of the state after each chunk), the state part of dU, and
     drhs = (I + L)^{-T} (η ⊙ dU) by backward substitution; the solve's right-hand side reads S, so
     dH gains Xᵀ(-e^{u⁻} ⊙ drhs)."""
@@ -129,9 +151,25 @@ def _pcd_bwd_state(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H: tl
     ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
     dH = _state_init(DST, bh64, soff, smask, HAS_DST, K, V, BK, BV)
-    for nn in range(0, NT):
-        n = NT - 1 - nn
-        _state_put(DHS, dH, bh64, n, NT, soff, smask, K, V)
+    if VARLEN:
+        bos, T, NL, coff = _varlen_seq(CU, COFF, b, C)
+        Q += bos * H * K
+        X += bos * H * K
+        ETA += bos * H * V
+        G += bos * H * V
+        DO += bos * H * V
+        DUI += bos * H * V
+        DSU += bos * H * V
+        DRHS += bos * H * V
+        DHS += coff * K * V
+        hs = h.to(tl.int64)
+        b = 0
+    else:
+        NL = NT
+        hs = bh64
+    for nn in range(0, NL):
+        n = NL - 1 - nn
+        _state_put(DHS, dH, hs, n, NT, soff, smask, K, V)
         rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
         km = rmask[:, None] & kmask[None, :]
         vm = rmask[:, None] & vmask[None, :]
@@ -173,7 +211,7 @@ def _pcd_bwd_state(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H: tl
 @triton.jit
 def _pcd_bwd_solve(X, ETA, G, HS, RR, DRHS, SUP, SU, DX32, DX, DV, DETA, DG, T, NT, H: tl.constexpr,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   SB: tl.constexpr, PREC: tl.constexpr):
+                   SB: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
     """The solve's own gradients, added to what _pc_bwd_main wrote (DX32 in fp32, DETA, DG). With
     dL[i, s] = -drhs_i R_s (s < i) and ℓ the entries of L: dGram = Σ_c dL e^{u⁻_i - u_s} η_s,
     dη_s = Σ_i dL (x_i·x_s) e^{..}, du⁻_i = Σ_s dL ℓ, du_s = -Σ_i dL ℓ; from the right-hand side
@@ -182,6 +220,21 @@ def _pcd_bwd_solve(X, ETA, G, HS, RR, DRHS, SUP, SU, DX32, DX, DV, DETA, DG, T, 
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
+    if VARLEN:
+        _s, n, bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
+        X += bos * H * K
+        ETA += bos * H * V
+        G += bos * H * V
+        RR += bos * H * V
+        DRHS += bos * H * V
+        SUP += bos * H * V
+        SU += bos * H * V
+        DX32 += bos * H * K
+        DX += bos * H * K
+        DV += bos * H * V
+        DETA += bos * H * V
+        DG += bos * H * V
+        HS += coff * K * V
     i = tl.arange(0, C)
     rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
     ck = tl.arange(0, BK)
@@ -252,32 +305,36 @@ def _check_layout(**named):
                              f"shape {tuple(t.shape)}, strides {t.stride()}")
 
 
-def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32):
-    """Falcon-2 core forward (per-column γ, η; regression; window 1) -> (O, S_T, saved for backward)."""
+def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_seqlens=None):
+    """Falcon-2 core forward (per-column γ, η; regression; window 1) -> (O, S_T, saved for backward). cu_seqlens
+    (B = 1): the packed sequences run natively (chunk.chunk_forward's convention)."""
     B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32)
+    va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B)
     # bounds precondition of every pointer below (window 1: x and v have T rows, not T + W - 1)
     _check_layout(q=(q, (B, T, H, K)), x=(x, (B, T, H, K)), v=(v, (B, T, H, V)), eta=(eta, (B, T, H, V)),
-                  g=(g, (B, T, H, V)), S0=(S0, (B, H, K, V)))
+                  g=(g, (B, T, H, V)), S0=(S0, (NS, H, K, V)))
     f32 = torch.float32
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     RR = torch.empty(B, T, H, V, dtype=f32, device=dev)
-    ST = _empty((B, H, K, V), f32, dev)
-    _pcd_fwd_state[(cdiv(V, BVs), B * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T,
-                                                  NT, H, K, V, C, BK, BVs, S0 is not None, prec, **st)
+    ST = _empty((NS, H, K, V), f32, dev)
+    _pcd_fwd_state[(cdiv(V, BVs), NS * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T,
+                                           NT, H, K, V, C, BK, BVs, S0 is not None, prec, *va, **st)
     OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
     _pc_fwd_inter[(cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
-                                                    prec, **st)
+                                             prec, *va, **st)
     O = _empty((B, T, H, V), q.dtype, dev)
-    _pc_fwd_intra[(NT, B * H)](q, x, RR, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec,
+    _pc_fwd_intra[(NT, B * H)](q, x, RR, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec, *va,
                                num_warps=8, **st)
     return O, ST, (HS, RR)
 
 
-def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf32, need_ds0):
+def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf32, need_ds0,
+                          cu_seqlens=None):
     """Falcon-2 core backward -> (dq, dx, dv, deta, dg, dS0 or None)."""
     HS, RR = saved
     v_dtype = v.dtype
     B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, RR.shape[-1], C, allow_tf32)
+    va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B)
     f32 = torch.float32
     if dO is None:
         dO = torch.zeros(B, T, H, V, dtype=q.dtype, device=dev)
@@ -286,13 +343,13 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     # bounds precondition of every pointer below, the saved HS / RR included
     _check_layout(q=(q, (B, T, H, K)), x=(x, (B, T, H, K)), v=(v, (B, T, H, V)), eta=(eta, (B, T, H, V)),
                   g=(g, (B, T, H, V)), HS=(HS, (B, H, NT, K, V)), RR=(RR, (B, T, H, V)), dO=(dO, (B, T, H, V)),
-                  dST=(dST, (B, H, K, V)))
+                  dST=(dST, (NS, H, K, V)))
     DUI = torch.empty(B, T, H, V, dtype=f32, device=dev)
-    _pcd_bwd_dui[(NT, B * H)](q, x, g, dO, DUI, T, H, K, V, C, BK, SB, read_after, prec, num_warps=8, **st)
+    _pcd_bwd_dui[(NT, B * H)](q, x, g, dO, DUI, T, H, K, V, C, BK, SB, read_after, prec, *va, num_warps=8, **st)
     DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     DSU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     DRHS = torch.empty(B, T, H, V, dtype=f32, device=dev)
-    DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
+    DS0 = _empty((NS, H, K, V), f32, dev) if need_ds0 else None
     # num_warps=8 like the other backward launches here (issue 15). At Triton's default of 4 warps this kernel crashed
     # on the H200 (Triton 3.6) in bf16 with BK = 128, C = 64, dST and dS0: compute-sanitizer memcheck reported
     # "out-of-range shared or local address" at the dH update (its two tl.dot), i.e. inside the compiled
@@ -304,10 +361,10 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     # with wgmma m64n8k8 instructions (Triton 3.6); with BV = 32 it compiles to the m64n16k8 / m64n32k8 / mma.sync
     # mix of the builds that pass (experiments/h200/pcd_offline_compile.py). Masked columns cost nothing in bounds.
     BVb = max(BVs, 32) if q.dtype == torch.float32 else BVs
-    _pcd_bwd_state[(cdiv(V, BVb), B * H)](
+    _pcd_bwd_state[(cdiv(V, BVb), NS * H)](
         q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS,
         DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BVb, read_after, dST is not None, need_ds0,
-        prec, num_warps=8, **st)
+        prec, *va, num_warps=8, **st)
     # Falcon-2A's backward with R as the values: dq (final), the read-out and state-update parts of
     # dx, dη and d log γ. Its "dv" is η ⊙ dU, already used above: written over the spent DUI.
     DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)
@@ -317,9 +374,9 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
     _pc_bwd_main[(NT, B * H)](q, x, RR, eta, g, HS, DHS, dO, DSU, DGR, DGU, dq, dx32, DUI, deta, dg, T,
-                              NT, H, K, V, C, BK, BVm, SB, read_after, prec, num_warps=8, **st)
+                              NT, H, K, V, C, BK, BVm, SB, read_after, prec, *va, num_warps=8, **st)
     dx = _empty(x.shape, x.dtype, dev)
     dv = _empty((B, T, H, V), v_dtype, dev)
     _pcd_bwd_solve[(NT, B * H)](x, eta, g, HS, RR, DRHS, DGR, DGU, dx32, dx, dv, deta, dg, T, NT, H, K, V,
-                                C, BK, BVm, SB, prec, num_warps=8, **st)
+                                C, BK, BVm, SB, prec, *va, num_warps=8, **st)
     return dq, dx, dv, deta, dg, DS0

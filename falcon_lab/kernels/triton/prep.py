@@ -65,6 +65,30 @@ def _pair_x(K_, LASTK, TAILX, SEEN, tp, b, h, rmask, ck, kmask, T, H: tl.constex
 
 
 @triton.jit
+def _pair_x_packed(K_, LASTK, SEEN, SEQ, CU, t, h, rmask, ck, kmask, H: tl.constexpr, K: tl.constexpr,
+                   SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr):
+    """_pair_x for packed sequences (B = 1, window 1; ours): token t of sequence s = SEQ[t] starting at CU[s]; the
+    shift and the positions restart there (its x the carried last key of s, or 0). Also returns (s, the offset in s,
+    whether t is s's last token)."""
+    s = tl.load(SEQ + t, mask=rmask, other=0)
+    bos = tl.load(CU + s, mask=rmask, other=0)
+    loc = t - bos
+    last = t == tl.load(CU + s + 1, mask=rmask, other=0) - 1
+    hp = (tl.load(SEEN + s, mask=rmask, other=0) + loc + 1 - SHIFT) > 0
+    row = t * H + h
+    kcol = kmask[None, :]
+    if SHIFT:
+        x = tl.load(K_ + (row - H)[:, None] * K + ck[None, :], mask=(rmask & (loc >= 1))[:, None] & kcol,
+                    other=0.).to(tl.float32)
+        if HAS_LASTK:
+            x += tl.load(LASTK + (s * H + h)[:, None] * K + ck[None, :], mask=(rmask & (loc == 0))[:, None] & kcol,
+                         other=0.).to(tl.float32)
+    else:
+        x = tl.load(K_ + row[:, None] * K + ck[None, :], mask=rmask[:, None] & kcol, other=0.).to(tl.float32)
+    return tl.where(hp[:, None], x, 0.), hp, s, loc, last
+
+
+@triton.jit
 def _keep(VALID, hp, rmask, b, t, T, HAS_VALID: tl.constexpr):
     """A pair exists at t and t is not right padding (varlen)."""
     keep = hp & rmask
@@ -131,28 +155,55 @@ def _store_key_grads(DK, DLASTK, dsrc, r, rmask, b, t, h, ck, kmask, T, H: tl.co
 
 
 @triton.jit
+def _store_key_grads_packed(DK, DLASTK, dsrc, r, rmask, s, loc, last, h, ck, kmask, H: tl.constexpr, K: tl.constexpr,
+                            SHIFT: tl.constexpr, NEED_DLASTK: tl.constexpr):
+    """_store_key_grads for packed sequences: with the shift, row t's gradient is k's row t - 1 inside its sequence, a
+    sequence's first row's the carried last key's of that sequence, and each sequence's last key gets 0."""
+    m2k = rmask[:, None] & kmask[None, :]
+    if SHIFT:
+        tl.store(DK + (r - H)[:, None] * K + ck[None, :], dsrc.to(DK.dtype.element_ty), mask=m2k & (loc >= 1)[:, None])
+        tl.store(DK + r[:, None] * K + ck[None, :], tl.zeros_like(dsrc).to(DK.dtype.element_ty),
+                 mask=m2k & last[:, None])
+        if NEED_DLASTK:
+            tl.store(DLASTK + (s * H + h)[:, None] * K + ck[None, :], dsrc.to(DLASTK.dtype.element_ty),
+                     mask=m2k & (loc == 0)[:, None])
+    else:
+        tl.store(DK + r[:, None] * K + ck[None, :], dsrc.to(DK.dtype.element_ty), mask=m2k)
+
+
+@triton.jit
 def _w1_row(K_, LAM, LASTK, VALID, SEEN, r, rmask, b, t, h, ck, kmask, T, eps, H: tl.constexpr, K: tl.constexpr,
-            SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_VALID: tl.constexpr, SCALED: tl.constexpr):
-    """Window 1, both directions: the pair key x, its flags, E = ||x||², lam, λ_t and the NLMS denominator."""
-    x, hp = _pair_x(K_, LASTK, K_, SEEN, t, b, h, rmask, ck, kmask, T, H, K, 1, SHIFT, HAS_LASTK, False)
-    keep = _keep(VALID, hp, rmask, b, t, T, HAS_VALID)
+            SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_VALID: tl.constexpr, SCALED: tl.constexpr, SEQ, CU,
+            VARLEN: tl.constexpr):
+    """Window 1, both directions: the pair key x, its flags, E = ||x||², lam, λ_t and the NLMS denominator (and, for
+    packed sequences, the token's (sequence, offset, is-last) for the key gradients; else placeholders)."""
+    if VARLEN:
+        x, hp, s, loc, last = _pair_x_packed(K_, LASTK, SEEN, SEQ, CU, t, h, rmask, ck, kmask, H, K, SHIFT, HAS_LASTK)
+        keep = hp & rmask
+    else:
+        x, hp = _pair_x(K_, LASTK, K_, SEEN, t, b, h, rmask, ck, kmask, T, H, K, 1, SHIFT, HAS_LASTK, False)
+        keep = _keep(VALID, hp, rmask, b, t, T, HAS_VALID)
+        s = b
+        loc = t
+        last = hp
     E = tl.sum(x * x, 1)
     lam = tl.load(LAM + r, mask=rmask, other=0.).to(tl.float32)
     if SCALED:
         lam_t = lam * E
     else:
         lam_t = lam
-    return x, hp, keep, E, lam, lam_t, E + lam_t + eps
+    return x, hp, keep, E, lam, lam_t, E + lam_t + eps, s, loc, last
 
 
 @triton.jit
 def _prep_fwd(K_, BETA, LAM, LASTK, VALID, SEEN, X, ETA, G, STAT, N, T, eps, eps_gamma,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, PERCOL: tl.constexpr, SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr,
-              HAS_VALID: tl.constexpr, NLMS: tl.constexpr, SCALED: tl.constexpr):
+              HAS_VALID: tl.constexpr, NLMS: tl.constexpr, SCALED: tl.constexpr, SEQ, CU, VARLEN: tl.constexpr):
     r, rmask, b, t, h, ck, kmask = _rows(N, T, H, K, BR, BK)
-    x, hp, keep, E, lam, lam_t, den = _w1_row(K_, LAM, LASTK, VALID, SEEN, r, rmask, b, t, h, ck, kmask, T, eps, H, K,
-                                              SHIFT, HAS_LASTK, HAS_VALID, SCALED)
+    x, hp, keep, E, lam, lam_t, den, s, loc, last = _w1_row(K_, LAM, LASTK, VALID, SEEN, r, rmask, b, t, h, ck, kmask,
+                                                            T, eps, H, K, SHIFT, HAS_LASTK, HAS_VALID, SCALED, SEQ, CU,
+                                                            VARLEN)
     tl.store(X + r[:, None] * K + ck[None, :], x.to(X.dtype.element_ty), mask=rmask[:, None] & kmask[None, :])
     tl.store(STAT + r, E, mask=rmask)
     if PERCOL:
@@ -174,10 +225,12 @@ def _prep_fwd(K_, BETA, LAM, LASTK, VALID, SEEN, X, ETA, G, STAT, N, T, eps, eps
 def _prep_bwd(K_, BETA, LAM, LASTK, VALID, SEEN, DX, DETA, DG, DK, DBETA, DLAM, DLASTK, N, T, eps, eps_gamma,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, PERCOL: tl.constexpr, SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr,
-              HAS_VALID: tl.constexpr, NLMS: tl.constexpr, SCALED: tl.constexpr, NEED_DLASTK: tl.constexpr):
+              HAS_VALID: tl.constexpr, NLMS: tl.constexpr, SCALED: tl.constexpr, NEED_DLASTK: tl.constexpr, SEQ, CU,
+              VARLEN: tl.constexpr):
     r, rmask, b, t, h, ck, kmask = _rows(N, T, H, K, BR, BK)
-    x, hp, keep, E, lam, lam_t, den = _w1_row(K_, LAM, LASTK, VALID, SEEN, r, rmask, b, t, h, ck, kmask, T, eps, H, K,
-                                              SHIFT, HAS_LASTK, HAS_VALID, SCALED)
+    x, hp, keep, E, lam, lam_t, den, s, loc, last = _w1_row(K_, LAM, LASTK, VALID, SEEN, r, rmask, b, t, h, ck, kmask,
+                                                            T, eps, H, K, SHIFT, HAS_LASTK, HAS_VALID, SCALED, SEQ, CU,
+                                                            VARLEN)
     if PERCOL:
         cv = tl.arange(0, BV)
         m2 = rmask[:, None] & (cv < V)[None, :]
@@ -205,7 +258,10 @@ def _prep_bwd(K_, BETA, LAM, LASTK, VALID, SEEN, DX, DETA, DG, DK, DBETA, DLAM, 
     tl.store(DLAM + r, dlam.to(DLAM.dtype.element_ty), mask=rmask)
     dx = tl.load(DX + r[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.).to(tl.float32)
     dsrc = tl.where(hp[:, None], dx + 2. * x * dE[:, None], 0.)
-    _store_key_grads(DK, DLASTK, dsrc, r, rmask, b, t, h, ck, kmask, T, H, K, SHIFT, NEED_DLASTK)
+    if VARLEN:
+        _store_key_grads_packed(DK, DLASTK, dsrc, r, rmask, s, loc, last, h, ck, kmask, H, K, SHIFT, NEED_DLASTK)
+    else:
+        _store_key_grads(DK, DLASTK, dsrc, r, rmask, b, t, h, ck, kmask, T, H, K, SHIFT, NEED_DLASTK)
 
 
 def _block_rows(BK: int, BV: int) -> int:
@@ -223,8 +279,9 @@ def _geometry(k, beta):
 
 class _FusedPrep(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, k, beta, lam, last_k, seen, valid, cfg):
+    def forward(ctx, k, beta, lam, last_k, seen, valid, cfg, seq=None, cu=None):
         shift, nlms, scaled, eps, eps_gamma = cfg
+        packed = (seq, cu, True) if seq is not None else (k, k, False)  # packed sequences: token -> sequence, offsets
         B, T, H, K, V, per_col, N, BK, BV, BR = _geometry(k, beta)
         dev = k.device
         x = _empty(k.shape, k.dtype, dev)
@@ -234,8 +291,8 @@ class _FusedPrep(torch.autograd.Function):
         _prep_fwd[(cdiv(N, BR),)](
             k, beta, lam, last_k if last_k is not None else k, valid if valid is not None else seen, seen,
             x, eta, g, stat, N, T, eps, eps_gamma, H, K, V, BR, BK, BV, per_col, shift, last_k is not None,
-            valid is not None, nlms, scaled)
-        ctx.save_for_backward(k, beta, lam, last_k, seen, valid)
+            valid is not None, nlms, scaled, *packed)
+        ctx.save_for_backward(k, beta, lam, last_k, seen, valid, seq, cu)
         ctx.cfg = cfg
         ctx.mark_non_differentiable(stat)
         ctx.set_materialize_grads(False)
@@ -243,8 +300,9 @@ class _FusedPrep(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dx, deta, dg, _dstat):
-        k, beta, lam, last_k, seen, valid = ctx.saved_tensors
+        k, beta, lam, last_k, seen, valid, seq, cu = ctx.saved_tensors
         shift, nlms, scaled, eps, eps_gamma = ctx.cfg
+        packed = (seq, cu, True) if seq is not None else (k, k, False)
         B, T, H, K, V, per_col, N, BK, BV, BR = _geometry(k, beta)
         dev = k.device
         dx = dx.contiguous() if dx is not None else torch.zeros_like(k)
@@ -258,19 +316,30 @@ class _FusedPrep(torch.autograd.Function):
         _prep_bwd[(cdiv(N, BR),)](
             k, beta, lam, last_k if last_k is not None else k, valid if valid is not None else seen, seen,
             dx, deta, dg, dk, dbeta, dlam, dlast if dlast is not None else dk, N, T, eps, eps_gamma,
-            H, K, V, BR, BK, BV, per_col, shift, last_k is not None, valid is not None, nlms, scaled, need_dlast)
-        return dk, dbeta, dlam, dlast, None, None, None
+            H, K, V, BR, BK, BV, per_col, shift, last_k is not None, valid is not None, nlms, scaled, need_dlast,
+            *packed)
+        return dk, dbeta, dlam, dlast, None, None, None, None, None
 
 
 def fused_prepare(k, v, beta, lam, *, variant: str, window: int, step: str, lam_mode: str, shift: bool, eps: float,
                   eps_gamma: float, seen: torch.Tensor, last_k: Optional[torch.Tensor] = None,
                   tail_x: Optional[torch.Tensor] = None, tail_v: Optional[torch.Tensor] = None,
-                  valid: Optional[torch.Tensor] = None):
+                  valid: Optional[torch.Tensor] = None, cu_seqlens: Optional[torch.Tensor] = None):
     """`prep.prepare` (same arguments, same CoreInputs) on the fused kernels: window 1 (variants 1, 1A, 2, 2A; xw = x,
-    vw = v) here, Falcon-3A (window > 1) in prep_window.py. Falcon-3 is not covered (`prep_check` says so)."""
+    vw = v) here, Falcon-3A (window > 1) in prep_window.py. Falcon-3 is not covered (`prep_check` says so).
+    cu_seqlens (window 1, B = 1): packed sequences, `seen` and `last_k` per sequence (as `prep.prepare` takes them)."""
     from ..prep import CoreInputs, effective_window
 
     W = effective_window(variant, window)
+    seq = cu = None
+    if cu_seqlens is not None:
+        if W != 1 or k.shape[0] != 1:
+            raise ValueError(f"cu_seqlens: the fused packed prep takes window 1 and B = 1, got window {W}, "
+                             f"B = {k.shape[0]}")
+        cu = cu_seqlens.to(device=k.device, dtype=torch.int32).contiguous()
+        n = cu.numel() - 1
+        seq = torch.repeat_interleave(torch.arange(n, device=k.device, dtype=torch.int32), cu[1:] - cu[:-1],
+                                      output_size=k.shape[1])
     if W > 1:
         from .prep_window import fused_window_prepare
 
@@ -281,5 +350,5 @@ def fused_prepare(k, v, beta, lam, *, variant: str, window: int, step: str, lam_
     last = last_k.to(k.dtype).contiguous() if last_k is not None else None
     x, eta, g, stat = _FusedPrep.apply(k.contiguous(), beta.contiguous(), lam.contiguous(), last,
                                        seen.to(device=k.device, dtype=torch.int64).contiguous(),
-                                       valid.to(torch.int8).contiguous() if valid is not None else None, cfg)
+                                       valid.to(torch.int8).contiguous() if valid is not None else None, cfg, seq, cu)
     return CoreInputs(xw=x, vw=v, eta=eta, g=g, stat=stat)
