@@ -64,6 +64,14 @@ CASES.append(_c("F2A-before-C32-V20", delta=False, per_col=True, after=False, C=
 CASES.append(_c("F2A-C64-strong-decay-no-S0-no-dST", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
                 strong=True, s0=False, no_dst=True, seed=15))
 CASES.append(_c("F2A-fp16", delta=False, per_col=True, dtype="float16", seed=16))
+# Falcon-2A / -2 with the intra-chunk term by 16-row sub-blocks (FALCON_TRITON_2A=blocked; C = 16 is one block)
+CASES.append(_c("F2A-blocked-C64-V48", delta=False, per_col=True, C=64, T=70, B=1, V=48, seed=13, intra="blocked"))
+CASES.append(_c("F2A-blocked-before-C32-strong-decay", delta=False, per_col=True, after=False, C=32, T=45, B=1, K=16,
+                V=20, strong=True, seed=14, intra="blocked"))
+CASES.append(_c("F2A-blocked-fp16-C64", delta=False, per_col=True, C=64, T=70, B=1, dtype="float16", seed=16,
+                intra="blocked"))
+CASES.append(_c("F2-blocked-C64-strong-decay", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
+                strong=True, seed=19, intra="blocked"))
 CASES.append(_c("F2-after", delta=True, per_col=True, seed=17))
 CASES.append(_c("F2-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=18))
 CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
@@ -210,3 +218,15 @@ def test_packed_sequences_run_natively_and_match_float64(results, case):
     assert res["seen"] == 0.0 and res["last_k"] == 0.0, res
     lim = 3e-3 if case["dtype"] == "float16" else 2e-5
     assert varlen_judge(res, lambda errs: all(e <= lim for e in errs.values())), res
+
+
+def test_the_blocked_intra_chunk_term_is_opt_in():
+    """FALCON_TRITON_2A=blocked (not yet run on a GPU) is asked for; the exact broadcast proven on the H200 stays the
+    default, and a typo is refused at import, naming the variable."""
+    import falcon_lab.kernels.triton.percol as kp
+
+    assert kp.INTRA == "exact"
+    code = "import falcon_lab.kernels.triton.percol"
+    env = dict(os.environ, FALCON_TRITON_2A="block")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "FALCON_TRITON_2A must be 'exact' or 'blocked', got 'block'" in out.stderr

@@ -158,10 +158,13 @@ def recompute_case(c):
 if __name__ == "__main__":
     import falcon_lab.kernels.triton as kt
 
+    import falcon_lab.kernels.triton.percol as kpercol
+
     cases = json.loads(sys.argv[1])
     default_3a = kt._FALCON_3A
     for c in cases:
         kt._FALCON_3A = "banded" if c.get("banded") else default_3a  # what FALCON_TRITON_3A=banded sets
+        kpercol.INTRA = c.get("intra", "exact")  # what FALCON_TRITON_2A=blocked sets
         try:
             if c.get("recompute"):
                 res = recompute_case(c)

@@ -22,6 +22,9 @@
 #   varlen     native packed sequences (the chunk kernels read cu_seqlens, window 1): `bench check --variants
 #              1,1A,2A,2 --kinds varlen-native` (float64 reference, bf16 and fp32, C = 16 and 64; a variant whose rows
 #              all pass goes into PROVEN_VARLEN, Falcon-2 once its chunk kernels are proven too), then experiments/h200/varlen_bench.py (native against padded, fwd+bwd time and peak);
+#   f2a_blocked  FALCON_TRITON_2A=blocked (Falcon-2A / -2 intra-chunk term by 16-row sub-blocks, tensor-core dots below
+#              the diagonal): `bench check --variants 2A,2` with it, then `bench kernels --ops falcon-1,falcon-2A,falcon-2`
+#              with and without it (one process each); all 2A rows pass and it is faster -> make it the default;
 #   fla_warm   experiments/h200/fla_warm.py with TRITON_CACHE_AUTOTUNING=1 and TRITON_CACHE_DIR=$PWD/.tcache: fla's
 #              autotuning cached (the *.autotune.json files are packed) so the next call's default `bench kernels`
 #              fits its 10 minutes.
@@ -59,6 +62,10 @@ step f3gather 300 bash -c "FALCON_TRITON_3=gather FALCON_TRITON_UNPROVEN=1 pytho
 step varlen 240 bash -c "FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 1,1A,2A,2 \
   --kinds varlen-native --out $W/check_varlen; FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/varlen_bench.py \
   --out $W/varlen_bench"
+step f2a_blocked 420 bash -c "FALCON_TRITON_2A=blocked FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
+  --variants 2A,2 --quick --out $W/check_2a_blocked; for m in exact blocked; do FALCON_TRITON_2A=\$m \
+  FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --ops falcon-1,falcon-2A,falcon-2 \
+  --out $W/kernels_2a_\$m; done"
 step host 240 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/host_bound.py --out "$W/host_bound"
 step fla_warm 420 env TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" python3 experiments/h200/fla_warm.py
 case " $STEPS " in *" fla_warm "*) find .tcache -name "*.autotune.json" 2>/dev/null | tar czf "$W/fla_autotune.tgz" -T - ;;

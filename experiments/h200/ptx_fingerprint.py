@@ -109,6 +109,10 @@ def _record(tree: str, quick: bool):
                 ("3", 1, 0, 4, None), ("3A-scans", 0, 0, 4, False), ("3A-banded", 0, 0, 4, True)]
     if hasattr(ft, "_FALCON_3"):  # Falcon-3 with its pseudo-tokens read in place (since 2026-12-02)
         variants.append(("3-gather", 1, 0, 4, True))
+    import falcon_lab.kernels.triton.percol as kpercol
+
+    if hasattr(kpercol, "INTRA"):  # Falcon-2A / -2 intra-chunk term by 16-row sub-blocks (since 2026-12-02)
+        variants += [("2A-blocked", 0, 1, 1, "blocked"), ("2-blocked", 1, 1, 1, "blocked")]
     if "cu_seqlens" in inspect.signature(ft.core).parameters:  # packed sequences in the kernels (since 2026-12-02)
         variants += [(f"{v}-varlen", d, pc, 1, "varlen") for v, d, pc in (("1", 1, 0), ("1A", 0, 0), ("2", 1, 1),
                                                                           ("2A", 0, 1))]
@@ -128,7 +132,11 @@ def _record(tree: str, quick: bool):
                         S0 = torch.randn(2 if fused == "varlen" else B, H, K, V, requires_grad=True)
                         return q, xw, vw, eta, g, S0
                     kw = dict(delta=bool(delta), window=W, read_after=ra)
-                    if fused == "varlen":  # two packed sequences of 37 and 63 tokens (B = 1)
+                    if hasattr(kpercol, "INTRA"):
+                        kpercol.INTRA = "blocked" if fused == "blocked" else "exact"
+                    if fused == "blocked":
+                        pass
+                    elif fused == "varlen":  # two packed sequences of 37 and 63 tokens (B = 1)
                         kw["cu_seqlens"] = torch.tensor([0, 37, T])
                     elif fused and "fused_window" not in inspect.signature(ft.core).parameters:
                         continue  # an older tree: no banded kernel (its Falcon-3A is the W scans)

@@ -24,7 +24,9 @@ What runs where (docs/kernels-triton.md):
     and the pair stream, so the host makes no W-fold copies of the inputs, the output or their gradients
     (interpreter-tested against float64, not yet run on a GPU);
   * per-column gates, linear (Falcon-2A): percol.py, exact [C, C, 4]-column broadcast for the
-    intra-chunk decays. Proven on the H200 (bf16 and fp32, fwd+bwd, through the op);
+    intra-chunk decays. Proven on the H200 (bf16 and fp32, fwd+bwd, through the op). Opt-in
+    (FALCON_TRITON_2A=blocked, also for Falcon-2): 16-row sub-blocks, the blocks below the diagonal as tensor-core
+    dots (interpreter-tested, not yet run on a GPU);
   * per-column gates with delta (Falcon-2): percol_delta.py, per-column forward/backward substitution
     in the state passes, the rest shared with Falcon-2A. Tested under the interpreter; NOT proven on a
     GPU: off on CUDA unless FALCON_TRITON_UNPROVEN=1 (without it backend=None runs the torch core there).

@@ -10,6 +10,15 @@ as a [C, C, SB] broadcast over SB = 4 columns at a time (every exponent <= 0; th
 e^{u_i} e^{-u_s} would overflow fp32 under the clamp-firing decays this op allows). Inter-chunk parts
 (Q S, Xᵀ W, state passes) are tensor-core dots as in chunk.py.
 
+Opt-in (FALCON_TRITON_2A=blocked, ours, after fla's GLA sub-chunking): the chunk in 16-row sub-blocks; a diagonal
+block keeps the exact [16, 16, BV] broadcast, and every row of block a against the rows before it is ONE tensor-core
+dot, with e^{ur_i - u_s} = e^{ur_i - ρ_a} e^{ρ_a - u_s} split at ρ_a, the log-prefix just before block a: both
+exponents <= 0, so nothing overflows. Forward: _pc_fwd_intra_blk; backward: _pc_bwd_rows (M and the read-prefix
+gradient, by output rows) and _pc_bwd_cols (dU's intra part and the log-prefix gradient, by source rows) before
+_pc_bwd_main, which then skips its broadcast pass. The broadcast work falls from C·C to 16·C per column. Why: in a
+Falcon-2A training step on the H200 _pc_bwd_main and _pc_fwd_intra were 37 % and 22 % of the CUDA time
+(benchmarks/results/h200_logs/fast_layers/stage_f.log). Interpreter-tested against float64; not yet run on a GPU.
+
 Status: tested under the Triton interpreter against float64 and proven on the H200 (run 4: bf16 and fp32,
 forward and backward, through the op; benchmarks/results/triton_check_h200_final.md); speed not measured.
 The Falcon-2 kernels (percol_delta.py) reuse the read-out and backward kernels here with R for V.
@@ -17,14 +26,21 @@ The Falcon-2 kernels (percol_delta.py) reuse the read-out and backward kernels h
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-from .common import (_chunk_rows, _empty, _state_init, _state_put, _state_tile, _varlen_chunk, _varlen_seq,
+from .common import (_chunk_rows, _empty, _np2, _state_init, _state_put, _state_tile, _varlen_chunk, _varlen_seq,
                      cdiv, launch, varlen_args)
 
 SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per program)
+# The intra-chunk term: "exact" (the [C, C, SB] broadcast, proven on the H200) or "blocked" (16-row sub-blocks, the
+# off-diagonal blocks as tensor-core dots: ours, interpreter-tested, not yet run on a GPU). Falcon-2 shares it.
+INTRA = os.environ.get("FALCON_TRITON_2A", "exact")
+if INTRA not in ("exact", "blocked"):
+    raise ValueError(f"FALCON_TRITON_2A must be 'exact' or 'blocked', got {INTRA!r}")
 
 
 @triton.jit
@@ -148,6 +164,71 @@ def _pc_fwd_intra(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, 
 
 
 @triton.jit
+def _pc_fwd_intra_blk(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr,
+                      PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+    """_pc_fwd_intra with the intra-chunk term by 16-row sub-blocks (ours, opt-in, after fla's GLA sub-chunking):
+    the diagonal [16, 16] blocks exactly as a [16, 16, BV] broadcast; block a's rows against all earlier rows as
+    one tensor-core dot, e^{ur_i - u_s} = e^{ur_i - ρ_a} e^{ρ_a - u_s} with ρ_a the log-prefix just before block a,
+    both factors <= 0 in the exponent (u never increases), so nothing overflows. Grid: (value tiles, chunks, B·H)."""
+    vb = tl.program_id(0)
+    n = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    if VARLEN:
+        _s, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        Q += bos * H * K
+        X += bos * H * K
+        VV += bos * H * V
+        ETA += bos * H * V
+        G += bos * H * V
+        OF += bos * H * V
+        O += bos * H * V
+    i = tl.arange(0, C)
+    j = tl.arange(0, 16)
+    rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    vm = rmask[:, None] & vmask[None, :]
+    off = tok[:, None] * V + cv[None, :]
+    x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+    dt = x.dtype
+    g = tl.load(G + off, mask=vm, other=0.)
+    U = tl.load(VV + off, mask=vm, other=0.).to(tl.float32) * tl.load(ETA + off, mask=vm, other=0.)
+    u = tl.cumsum(g, 0)
+    for a in tl.static_range(C // 16):
+        _r, ma, ta, _x = _chunk_rows(b, h, n * (C // 16) + a, j, T, T, 0, H, 16)
+        ka = ma[:, None] & kmask[None, :]
+        va = ma[:, None] & vmask[None, :]
+        offa = ta[:, None] * V + cv[None, :]
+        qa = tl.load(Q + ta[:, None] * K + ck[None, :], mask=ka, other=0.)
+        xa = tl.load(X + ta[:, None] * K + ck[None, :], mask=ka, other=0.)
+        ga = tl.load(G + offa, mask=va, other=0.)
+        Ua = tl.load(VV + offa, mask=va, other=0.).to(tl.float32) * tl.load(ETA + offa, mask=va, other=0.)
+        rho = tl.sum(tl.where((i < a * 16)[:, None], g, 0.), 0)  # log-prefix before block a, per column
+        ua = tl.cumsum(ga, 0) + rho[None, :]
+        if READ_AFTER:
+            ura = ua
+            causal = j[:, None] >= j[None, :]
+        else:
+            ura = ua - ga
+            causal = j[:, None] > j[None, :]
+        Paa = tl.where(causal, tl.dot(qa, tl.trans(xa), input_precision=PREC), 0.)
+        D = tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.))
+        intra = tl.sum(Paa[:, :, None] * D * Ua[None, :, :], 1)
+        if a > 0:
+            before = i < a * 16
+            Poff = tl.where(before[None, :], tl.dot(qa, tl.trans(x), input_precision=PREC), 0.)
+            Wt = tl.where(before[:, None], tl.exp(tl.minimum(rho[None, :] - u, 0.)), 0.) * U
+            intra += tl.exp(tl.minimum(ura - rho[None, :], 0.)) * tl.dot(Poff.to(dt), Wt.to(dt), input_precision=PREC)
+        of = tl.load(OF + offa, mask=va, other=0.)
+        tl.store(O + offa, (of + intra).to(O.dtype.element_ty), mask=va)
+
+
+@triton.jit
 def _pc_bwd_state(Q, X, G, DO, DST, DHS, DU, DS0, T, NT, H: tl.constexpr, K: tl.constexpr,
                   V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr,
@@ -198,10 +279,160 @@ def _pc_bwd_state(Q, X, G, DO, DST, DHS, DU, DS0, T, NT, H: tl.constexpr, K: tl.
 
 
 @triton.jit
+def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
+                 CU, CIDX, COFF, VARLEN: tl.constexpr):
+    """Blocked backward, by output rows (ours, opt-in; see _pc_fwd_intra_blk): for the 16 rows i of block a of a
+    chunk, M[i, s] = Σ_c e^{ur_ic - u_sc} U_sc dO_ic (causal; all s) into MM, and DGR[i, c] = dO_ic · (the intra-chunk
+    term of o_ic). Program (chunk·NB + a, b·H + h); the value tiles loop inside (M sums over all of them)."""
+    NB: tl.constexpr = C // 16
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    n = pid // NB
+    a = pid % NB
+    b = bh // H
+    h = bh % H
+    if VARLEN:
+        _s, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        Q += bos * H * K
+        X += bos * H * K
+        VV += bos * H * V
+        ETA += bos * H * V
+        G += bos * H * V
+        DO += bos * H * V
+        DGR += bos * H * V
+        MM += bos * H * C
+    i = tl.arange(0, C)
+    j = tl.arange(0, 16)
+    rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
+    _r, ma, ta, _x = _chunk_rows(b, h, n * NB + a, j, T, T, 0, H, 16)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+    dt = x.dtype
+    qa = tl.load(Q + ta[:, None] * K + ck[None, :], mask=ma[:, None] & kmask[None, :], other=0.)
+    xa = tl.load(X + ta[:, None] * K + ck[None, :], mask=ma[:, None] & kmask[None, :], other=0.)
+    if READ_AFTER:
+        causal = j[:, None] >= j[None, :]
+    else:
+        causal = j[:, None] > j[None, :]
+    before = i < a * 16
+    Paa = tl.where(causal, tl.dot(qa, tl.trans(xa), input_precision=PREC), 0.)
+    Poff = tl.where(before[None, :], tl.dot(qa, tl.trans(x), input_precision=PREC), 0.)
+    Mdiag = tl.zeros([16, 16], dtype=tl.float32)
+    Moff = tl.zeros([16, C], dtype=tl.float32)
+    for vb in range(0, tl.cdiv(V, BV)):
+        cv = vb * BV + tl.arange(0, BV)
+        vmask = cv < V
+        vm = rmask[:, None] & vmask[None, :]
+        va = ma[:, None] & vmask[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        offa = ta[:, None] * V + cv[None, :]
+        g = tl.load(G + off, mask=vm, other=0.)
+        U = tl.load(VV + off, mask=vm, other=0.).to(tl.float32) * tl.load(ETA + off, mask=vm, other=0.)
+        u = tl.cumsum(g, 0)
+        ga = tl.load(G + offa, mask=va, other=0.)
+        Ua = tl.load(VV + offa, mask=va, other=0.).to(tl.float32) * tl.load(ETA + offa, mask=va, other=0.)
+        doa = tl.load(DO + offa, mask=va, other=0.).to(tl.float32)
+        rho = tl.sum(tl.where(before[:, None], g, 0.), 0)
+        ua = tl.cumsum(ga, 0) + rho[None, :]
+        if READ_AFTER:
+            ura = ua
+        else:
+            ura = ua - ga
+        DU3 = tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.)) * Ua[None, :, :] * doa[:, None, :]
+        Mdiag += tl.sum(DU3, 2)
+        dgr = tl.sum(Paa[:, :, None] * DU3, 1)
+        alpha_do = tl.exp(tl.minimum(ura - rho[None, :], 0.)) * doa
+        betaU = (tl.where(before[:, None], tl.exp(tl.minimum(rho[None, :] - u, 0.)), 0.) * U).to(dt)
+        Moff += tl.dot(alpha_do.to(dt), tl.trans(betaU), input_precision=PREC)
+        dgr += alpha_do * tl.dot(Poff.to(dt), betaU, input_precision=PREC)
+        tl.store(DGR + offa, dgr, mask=va)
+    # the diagonal block's columns a·16 + j' of M's rows: an exact selection (no dot, no rounding)
+    sel = tl.where(i[None, :] == a * 16 + j[:, None], 1., 0.)  # [16 (j'), C]
+    M = Moff + tl.sum(tl.where(causal, Mdiag, 0.)[:, :, None] * sel[None, :, :], 1)
+    tl.store(MM + ta[:, None] * C + i[None, :], M, mask=ma[:, None])
+
+
+@triton.jit
+def _pc_bwd_cols(Q, X, VV, ETA, G, DO, DU, DGU, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
+                 CU, CIDX, COFF, VARLEN: tl.constexpr):
+    """Blocked backward, by source rows (ours, opt-in): for the 16 rows s of block b of a chunk and one value tile,
+    du_sc = Σ_i P[i, s] e^{ur_ic - u_sc} dO_ic (added to DU, which holds the state part) and DGU[s, c] = -U_sc du_sc;
+    the later blocks a > b as tensor-core dots with e^{ur_i - ρ_a} e^{ρ_a - u_s}. Program (value tile, chunk·NB + b,
+    b·H + h)."""
+    NB: tl.constexpr = C // 16
+    vb = tl.program_id(0)
+    pid = tl.program_id(1)
+    bh = tl.program_id(2)
+    n = pid // NB
+    blk = pid % NB
+    b = bh // H
+    h = bh % H
+    if VARLEN:
+        _s, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        Q += bos * H * K
+        X += bos * H * K
+        VV += bos * H * V
+        ETA += bos * H * V
+        G += bos * H * V
+        DO += bos * H * V
+        DU += bos * H * V
+        DGU += bos * H * V
+    i = tl.arange(0, C)
+    j = tl.arange(0, 16)
+    rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
+    _r, mb, tb, _x = _chunk_rows(b, h, n * NB + blk, j, T, T, 0, H, 16)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    vm = rmask[:, None] & vmask[None, :]
+    vbm = mb[:, None] & vmask[None, :]
+    offb = tb[:, None] * V + cv[None, :]
+    g = tl.load(G + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
+    xb = tl.load(X + tb[:, None] * K + ck[None, :], mask=mb[:, None] & kmask[None, :], other=0.)
+    qb = tl.load(Q + tb[:, None] * K + ck[None, :], mask=mb[:, None] & kmask[None, :], other=0.)
+    dt = xb.dtype
+    gb = tl.load(G + offb, mask=vbm, other=0.)
+    rhob = tl.sum(tl.where((i < blk * 16)[:, None], g, 0.), 0)
+    ub = tl.cumsum(gb, 0) + rhob[None, :]
+    if READ_AFTER:
+        urb = ub
+        causal = j[:, None] >= j[None, :]
+    else:
+        urb = ub - gb
+        causal = j[:, None] > j[None, :]
+    dob = tl.load(DO + offb, mask=vbm, other=0.).to(tl.float32)
+    Pbb = tl.where(causal, tl.dot(qb, tl.trans(xb), input_precision=PREC), 0.)  # [i, s]
+    du = tl.sum(Pbb[:, :, None] * tl.exp(tl.minimum(urb[:, None, :] - ub[None, :, :], 0.)) * dob[:, None, :], 0)
+    for a in range(blk + 1, NB):
+        _r2, ma, ta, _x2 = _chunk_rows(b, h, n * NB + a, j, T, T, 0, H, 16)
+        va = ma[:, None] & vmask[None, :]
+        offa = ta[:, None] * V + cv[None, :]
+        qa = tl.load(Q + ta[:, None] * K + ck[None, :], mask=ma[:, None] & kmask[None, :], other=0.)
+        ga = tl.load(G + offa, mask=va, other=0.)
+        doa = tl.load(DO + offa, mask=va, other=0.).to(tl.float32)
+        rho = tl.sum(tl.where((i < a * 16)[:, None], g, 0.), 0)
+        ua = tl.cumsum(ga, 0) + rho[None, :]
+        if READ_AFTER:
+            ura = ua
+        else:
+            ura = ua - ga
+        alpha_do = (tl.exp(tl.minimum(ura - rho[None, :], 0.)) * doa).to(dt)
+        PT = tl.dot(xb, tl.trans(qa), input_precision=PREC)  # P[i in a, s in b]ᵀ, built as such (fla #640)
+        du += tl.exp(tl.minimum(rho[None, :] - ub, 0.)) * tl.dot(PT.to(dt), alpha_do, input_precision=PREC)
+    Ub = tl.load(VV + offb, mask=vbm, other=0.).to(tl.float32) * tl.load(ETA + offb, mask=vbm, other=0.)
+    tl.store(DU + offb, tl.load(DU + offb, mask=vbm, other=0.) + du, mask=vbm)
+    tl.store(DGU + offb, -Ub * du, mask=vbm)
+
+
+@triton.jit
 def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, DG, T, NT,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                  BV: tl.constexpr, SB: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF,
-                 VARLEN: tl.constexpr):
+                 VARLEN: tl.constexpr, MM, BLOCKED: tl.constexpr):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -224,6 +455,8 @@ def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, 
         DG += bos * H * V
         HS += coff * K * V
         DHS += coff * K * V
+        if BLOCKED:
+            MM += bos * H * C
     i = tl.arange(0, C)
     rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
     ck = tl.arange(0, BK)
@@ -236,30 +469,33 @@ def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, 
         causal = i[:, None] >= i[None, :]
     else:
         causal = i[:, None] > i[None, :]
-    P = tl.where(causal, tl.dot(q, tl.trans(x), input_precision=PREC), 0.)
-    M = tl.zeros([C, C], dtype=tl.float32)
-    # pass 1: the per-column intra-chunk terms, SB columns at a time
-    for vb in range(0, tl.cdiv(V, SB)):
-        cv = vb * SB + tl.arange(0, SB)
-        vm = rmask[:, None] & (cv < V)[None, :]
-        off = tok[:, None] * V + cv[None, :]
-        v = tl.load(VV + off, mask=vm, other=0.).to(tl.float32)
-        eta = tl.load(ETA + off, mask=vm, other=0.)
-        g = tl.load(G + off, mask=vm, other=0.)
-        do = tl.load(DO + off, mask=vm, other=0.).to(tl.float32)
-        u = tl.cumsum(g, 0)
-        if READ_AFTER:
-            ur = u
-        else:
-            ur = u - g
-        D = tl.exp(tl.minimum(ur[:, None, :] - u[None, :, :], 0.))
-        DU3 = D * (v * eta)[None, :, :] * do[:, None, :]          # [i, s, c]
-        M += tl.sum(DU3, 2)
-        Z3 = P[:, :, None] * DU3
-        du_intra = tl.sum(P[:, :, None] * D * do[:, None, :], 0)  # Σ_i
-        tl.store(DU + off, tl.load(DU + off, mask=vm, other=0.) + du_intra, mask=vm)
-        tl.store(DGR + off, tl.sum(Z3, 1), mask=vm)
-        tl.store(DGU + off, -tl.sum(Z3, 0), mask=vm)
+    if BLOCKED:  # pass 1 ran as _pc_bwd_rows / _pc_bwd_cols: M, DGR, DGU and DU's intra part are in memory
+        M = tl.load(MM + tok[:, None] * C + i[None, :], mask=rmask[:, None], other=0.)
+    else:
+        P = tl.where(causal, tl.dot(q, tl.trans(x), input_precision=PREC), 0.)
+        M = tl.zeros([C, C], dtype=tl.float32)
+        # pass 1: the per-column intra-chunk terms, SB columns at a time
+        for vb in range(0, tl.cdiv(V, SB)):
+            cv = vb * SB + tl.arange(0, SB)
+            vm = rmask[:, None] & (cv < V)[None, :]
+            off = tok[:, None] * V + cv[None, :]
+            v = tl.load(VV + off, mask=vm, other=0.).to(tl.float32)
+            eta = tl.load(ETA + off, mask=vm, other=0.)
+            g = tl.load(G + off, mask=vm, other=0.)
+            do = tl.load(DO + off, mask=vm, other=0.).to(tl.float32)
+            u = tl.cumsum(g, 0)
+            if READ_AFTER:
+                ur = u
+            else:
+                ur = u - g
+            D = tl.exp(tl.minimum(ur[:, None, :] - u[None, :, :], 0.))
+            DU3 = D * (v * eta)[None, :, :] * do[:, None, :]          # [i, s, c]
+            M += tl.sum(DU3, 2)
+            Z3 = P[:, :, None] * DU3
+            du_intra = tl.sum(P[:, :, None] * D * do[:, None, :], 0)  # Σ_i
+            tl.store(DU + off, tl.load(DU + off, mask=vm, other=0.) + du_intra, mask=vm)
+            tl.store(DGR + off, tl.sum(Z3, 1), mask=vm)
+            tl.store(DGU + off, -tl.sum(Z3, 0), mask=vm)
     tl.debug_barrier()
     M = tl.where(causal, M, 0.)
     dq = tl.zeros([C, BK], dtype=tl.float32)
@@ -308,6 +544,40 @@ def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, 
     tl.store(DX + tok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
 
 
+def fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, va, st):
+    """O = OF + the intra-chunk term: the exact [C, C, 4]-column broadcast (proven on the H200) or, with
+    FALCON_TRITON_2A=blocked (ours, opt-in, not yet run on a GPU), 16-row sub-blocks with tensor-core dots between
+    them (_pc_fwd_intra_blk). B = O.shape[0]."""
+    B = O.shape[0]
+    if INTRA == "blocked":
+        BVi = min(32, _np2(V))
+        _pc_fwd_intra_blk[(cdiv(V, BVi), NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, BVi, read_after,
+                                                     prec, *va, num_warps=8, **st)
+    else:
+        _pc_fwd_intra[(NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec, *va,
+                                   num_warps=8, **st)
+
+
+def bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K, V, C, BK, BVm,
+                   read_after, prec, va, st):
+    """The per-chunk backward after the reverse state pass (DU holds the state part of dU): _pc_bwd_main alone
+    (exact), or with FALCON_TRITON_2A=blocked its pass 1 as _pc_bwd_rows (M, DGR) and _pc_bwd_cols (DU's intra part,
+    DGU) first (ours, opt-in, not yet run on a GPU). Falcon-2 calls it with R for v."""
+    B = q.shape[0]
+    blocked = INTRA == "blocked"
+    MM = q
+    if blocked:
+        NB = C // 16
+        BVi = min(32, _np2(V))
+        MM = torch.empty(B, T, H, C, dtype=torch.float32, device=q.device)
+        _pc_bwd_rows[(NT * NB, B * H)](q, x, v, eta, g, dO, DGR, MM, T, H, K, V, C, BK, BVi, read_after, prec, *va,
+                                      num_warps=8, **st)
+        _pc_bwd_cols[(cdiv(V, BVi), NT * NB, B * H)](q, x, v, eta, g, dO, DU, DGU, T, H, K, V, C, BK, BVi, read_after,
+                                                    prec, *va, num_warps=4, **st)
+    _pc_bwd_main[(NT, B * H)](q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K,
+                              V, C, BK, BVm, SB, read_after, prec, *va, MM, blocked, num_warps=8, **st)
+
+
 def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_seqlens=None):
     """Falcon-2A core forward (per-column γ, η; linear; window 1) -> (O, S_T, saved for backward). cu_seqlens
     (B = 1): the packed sequences run natively (chunk.chunk_forward's convention)."""
@@ -322,8 +592,7 @@ def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_seqlens
     _pc_fwd_inter[(cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
                                              prec, *va, **st)
     O = _empty((B, T, H, V), q.dtype, dev)
-    _pc_fwd_intra[(NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec, *va,
-                               num_warps=8, **st)
+    fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, va, st)
     return O, ST, (HS,)
 
 
@@ -350,6 +619,6 @@ def percol_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf3
     dv = _empty(v.shape, v.dtype, dev)
     deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
-    _pc_bwd_main[(NT, B * H)](q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K,
-                              V, C, BK, BVm, SB, read_after, prec, *va, num_warps=8, **st)
+    bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K, V, C, BK, BVm,
+                   read_after, prec, va, st)
     return dq, dx, dv, deta, dg, DS0

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from .common import (_chunk_rows, _empty, _state_init, _state_put, _state_tile, _varlen_chunk, _varlen_seq,
                      cdiv, launch, varlen_args)
-from .percol import SB, _pc_bwd_main, _pc_fwd_inter, _pc_fwd_intra
+from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 
 
 @triton.jit
@@ -323,8 +323,7 @@ def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_s
     _pc_fwd_inter[(cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
                                              prec, *va, **st)
     O = _empty((B, T, H, V), q.dtype, dev)
-    _pc_fwd_intra[(NT, B * H)](q, x, RR, eta, g, OF, O, T, H, K, V, C, BK, SB, read_after, prec, *va,
-                               num_warps=8, **st)
+    fwd_intra(q, x, RR, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, va, st)
     return O, ST, (HS, RR)
 
 
@@ -373,8 +372,8 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     dx32 = _empty(x.shape, f32, dev)
     deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
-    _pc_bwd_main[(NT, B * H)](q, x, RR, eta, g, HS, DHS, dO, DSU, DGR, DGU, dq, dx32, DUI, deta, dg, T,
-                              NT, H, K, V, C, BK, BVm, SB, read_after, prec, *va, num_warps=8, **st)
+    bwd_intra_main(q, x, RR, eta, g, HS, DHS, dO, DSU, DGR, DGU, dq, dx32, DUI, deta, dg, T, NT, H, K, V, C, BK, BVm,
+                   read_after, prec, va, st)
     dx = _empty(x.shape, x.dtype, dev)
     dv = _empty((B, T, H, V), v_dtype, dev)
     _pcd_bwd_solve[(NT, B * H)](x, eta, g, HS, RR, DRHS, DGR, DGU, dx32, dx, dv, deta, dg, T, NT, H, K, V,
