@@ -41,3 +41,24 @@ def test_which_calls_run_natively():
     assert ok == ("1" in PROVEN_VARLEN), why  # on CUDA only once proven there (or FALCON_TRITON_UNPROVEN=1)
     if not ok:
         assert "not proven on the H200" in why and "FALCON_TRITON_UNPROVEN=1" in why
+
+
+def test_the_gpu_varlen_benchmark_runs(tmp_path):
+    """experiments/h200/varlen_bench.py (native vs padded vs dense rows, for the next H200 session) in its --smoke mode:
+    CPU, interpreter, tiny sizes; the script runs end to end, the two paths agree and the JSON has every row."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, str(root / "experiments/h200/varlen_bench.py"), "--smoke", "--variants", "1",
+                          "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads((tmp_path / "varlen_bench.json").read_text())
+    assert [r["mode"] for r in res["rows"]] == ["native", "pad", "dense rows, no resets"]
+    diff = res["rows"][0]["native_vs_pad_max_abs_diff"]
+    assert diff["o"] <= 1e-5 and diff["dq"] <= 1e-5, diff
+    assert res["meta"]["padding_factor"] > 1 and sum(res["meta"]["lengths"]) == res["meta"]["tokens"]

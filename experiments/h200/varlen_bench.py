@@ -32,33 +32,53 @@ def doc_lengths(total: int, seed: int = 0, mu: float = math.log(600), sigma: flo
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="varlen_bench")
-    ap.add_argument("--variants", default="1,1A")
+    ap.add_argument("--variants", default="1,1A,2A")
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU under TRITON_INTERPRET=1, tiny sizes, wall-clock timing: checks the script, times nothing")
     a = ap.parse_args(argv)
     import triton
 
     import falcon_lab.kernels.triton as kt
     from falcon_lab.kernels import chunk_falcon
+    from falcon_lab.kernels.spec import FalconSpec
 
-    dev, dt = "cuda", torch.bfloat16
-    B, T, H, K = 16, 2048, 12, 64
-    lens = doc_lengths(B * T)
+    if a.smoke:
+        dev, dt = "cpu", torch.float32
+        B, T, H, K = 2, 64, 2, 16
+
+        def bench(fn, grad_to_none):
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+        peak_mib = lambda: float("nan")  # noqa: E731
+    else:
+        dev, dt = "cuda", torch.bfloat16
+        B, T, H, K = 16, 2048, 12, 64
+
+        def bench(fn, grad_to_none):
+            return triton.testing.do_bench(fn, warmup=10, rep=50, grad_to_none=grad_to_none, return_mode="median")
+
+        def peak_mib():
+            return torch.cuda.max_memory_allocated() / 2 ** 20
+    lens = doc_lengths(B * T, mu=math.log(600 if not a.smoke else 20))
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=dev)
     N, Tmax = len(lens), max(lens)
     torch.manual_seed(0)
     nrm = lambda t: t / t.norm(dim=-1, keepdim=True)  # noqa: E731
     q, k = (nrm(torch.randn(1, B * T, H, K, device=dev)).to(dt) for _ in range(2))
     v = torch.randn(1, B * T, H, K, device=dev, dtype=dt)
-    beta = torch.rand(1, B * T, H, device=dev) * 1.8
     lam = torch.rand(1, B * T, H, device=dev) * 0.5
     do = torch.randn(1, B * T, H, K, device=dev, dtype=dt)
     rows = []
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+    meta = dict(gpu=torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", torch=torch.__version__, triton=triton.__version__,
                 commit=os.environ.get("FALCON_COMMIT", "unknown"), tokens=B * T, H=H, K=K, V=K, chunk=64,
                 documents=N, longest=Tmax, padded_tokens=N * Tmax, padding_factor=round(N * Tmax / (B * T), 2),
                 lengths=lens)
     default_mode = kt._VARLEN
     for variant in a.variants.split(","):
         kw = dict(variant=variant, window=1, lam_mode="scaled", backend="triton", chunk_size=64)
+        per_col = FalconSpec.from_variant(variant).per_column
+        beta = torch.rand(1, B * T, H, *((K,) if per_col else ()), device=dev) * 1.8
         ins = [t.detach().clone().requires_grad_(True) for t in (q, k, v, beta, lam)]
 
         def fb(packed=True):
@@ -80,15 +100,16 @@ def main(argv=None):
                     dq=float((outs["native"][1] - outs["pad"][1]).abs().max()))
         for mode, packed in (("native", True), ("pad", True), ("dense rows, no resets", False)):
             kt._VARLEN = mode if packed else default_mode
-            ms = triton.testing.do_bench(lambda: fb(packed), warmup=10, rep=50, grad_to_none=ins,
-                                         return_mode="median")
+            ms = bench(lambda: fb(packed), ins)
             for t in ins:
                 t.grad = None
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
+            if dev == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
             fb(packed)
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated() / 2 ** 20
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            peak = peak_mib()
             rows.append(dict(variant=variant, mode=mode, fwdbwd_ms=round(ms, 3), peak_mib=round(peak, 1),
                              native_vs_pad_max_abs_diff=diff))
             print(f"[{time.strftime('%H:%M:%S')}] Falcon-{variant} {mode:22s} {ms:8.3f} ms  peak {peak:8.1f} MiB  "
