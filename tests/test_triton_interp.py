@@ -102,6 +102,10 @@ VARLEN += [dict(id=f"varlen-native-F{v}-{dt}-C{C}-{rd}", varlen=True, variant=v,
                 shift=(rd == "after"), seed=60 + i)
            for i, (v, dt, C, rd) in enumerate([("2A", "float32", 16, "after"), ("2A", "float16", 32, "before"),
                                                ("2", "float32", 16, "after"), ("2", "float16", 64, "before")])]
+# Falcon-3A (window 4, the W scans) on the packed pair stream: each sequence's carried tails, their gradients
+VARLEN += [dict(id=f"varlen-native-F3A-{dt}-C{C}-{rd}", varlen=True, variant="3A", dtype=dt, C=C, read=rd,
+                shift=(rd == "after"), seed=80 + i)
+           for i, (dt, C, rd) in enumerate([("float32", 16, "after"), ("float32", 32, "before"), ("float16", 64, "after")])]
 # the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the
 # fused prep kernels' packed branch
 VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dtype="float32", C=16, prep="torch",

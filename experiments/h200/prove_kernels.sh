@@ -20,7 +20,7 @@
 #              `bench kernels --ops falcon-3` with and without it (peak memory and time, one process each);
 #   host       experiments/h200/host_bound.py (host submit time against GPU busy time per op);
 #   varlen     native packed sequences (the chunk kernels read cu_seqlens, window 1): `bench check --variants
-#              1,1A,2A,2 --kinds varlen-native` (float64 reference, bf16 and fp32, C = 16 and 64; a variant whose rows
+#              1,1A,2A,2,3A --kinds varlen-native` (float64 reference, bf16 and fp32, C = 16 and 64; a variant whose rows
 #              all pass goes into PROVEN_VARLEN, Falcon-2 once its chunk kernels are proven too), then experiments/h200/varlen_bench.py (native against padded, fwd+bwd time and peak);
 #   f2a_blocked  FALCON_TRITON_2A=blocked (Falcon-2A / -2 intra-chunk term by 16-row sub-blocks, tensor-core dots below
 #              the diagonal): `bench check --variants 2A,2` with it, then `bench kernels --ops falcon-1,falcon-2A,falcon-2`
@@ -59,7 +59,7 @@ step prep 300 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --q
 step f3gather 300 bash -c "FALCON_TRITON_3=gather FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
   --variants 3 --out $W/check_f3gather && for m in expand gather; do FALCON_TRITON_3=\$m python3 -m falcon_lab.bench \
   kernels --ops falcon-3,falcon-1 --out $W/kernels_f3_\$m; done"
-step varlen 240 bash -c "FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 1,1A,2A,2 \
+step varlen 240 bash -c "FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 1,1A,2A,2,3A \
   --kinds varlen-native --out $W/check_varlen; FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/varlen_bench.py \
   --out $W/varlen_bench"
 step f2a_blocked 420 bash -c "FALCON_TRITON_2A=blocked FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \

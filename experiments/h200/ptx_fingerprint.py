@@ -114,8 +114,9 @@ def _record(tree: str, quick: bool):
     if hasattr(kpercol, "INTRA"):  # Falcon-2A / -2 intra-chunk term by 16-row sub-blocks (since 2026-12-02)
         variants += [("2A-blocked", 0, 1, 1, "blocked"), ("2-blocked", 1, 1, 1, "blocked")]
     if "cu_seqlens" in inspect.signature(ft.core).parameters:  # packed sequences in the kernels (since 2026-12-02)
-        variants += [(f"{v}-varlen", d, pc, 1, "varlen") for v, d, pc in (("1", 1, 0), ("1A", 0, 0), ("2", 1, 1),
-                                                                          ("2A", 0, 1))]
+        variants += [(f"{v}-varlen", d, pc, w, "varlen") for v, d, pc, w in (("1", 1, 0, 1), ("1A", 0, 0, 1),
+                                                                             ("2", 1, 1, 1), ("2A", 0, 1, 1),
+                                                                             ("3A", 0, 0, 4))]
     skipped = set()
     for dn, dt in dts.items():
         for K in Ks:
@@ -124,8 +125,9 @@ def _record(tree: str, quick: bool):
                 for ra in (True, False):
                     def inputs(T):
                         q = torch.randn(B, T, H, K, dtype=dt, requires_grad=True)
-                        xw = torch.randn(B, T + W - 1, H, K, dtype=dt, requires_grad=True)
-                        vw = torch.randn(B, T + W - 1, H, V, dtype=dt, requires_grad=True)
+                        XR = T + (W - 1) * (2 if fused == "varlen" and T > 1 else 1)  # packed: 2 sequences' tails
+                        xw = torch.randn(B, XR, H, K, dtype=dt, requires_grad=True)
+                        vw = torch.randn(B, XR, H, V, dtype=dt, requires_grad=True)
                         shape = (B, T, H, V) if pc else (B, T, H)
                         eta = torch.rand(shape, requires_grad=True)
                         g = (-torch.rand(shape)).requires_grad_()

@@ -135,15 +135,17 @@ def check_api(*, variant, dtype, K, seed=0, dev="cuda"):
 
 def check_varlen(*, variant, dtype, K, seed=0, dev="cuda", C=64, read="after", shift=True):
     """Packed sequences run natively by the Triton chunk kernels (no padding): ragged lengths around the chunk size
-    (1, C - 1, C, C + 1, several chunks), each sequence continued from its own state (S, last_k, seen), forward, final
-    state and the gradients of q, k, v, beta, lam, S0 and the carried last keys against recurrent_falcon in float64.
+    (1, C - 1, C, C + 1, several chunks), each sequence continued from its own state (S, last_k, seen; for Falcon-3A,
+    window 4, its carried pair tails too), forward, final state and the gradients of q, k, v, beta, lam and every
+    part of the initial state against recurrent_falcon in float64.
     "native" in the result: 1 when the packed kernels ran (0 would mean the call was padded)."""
     from falcon_lab.kernels import chunk_falcon, recurrent_falcon
     from falcon_lab.kernels.state import FalconState
     from falcon_lab.kernels.triton import common as kcommon, varlen_check
 
     spec = FalconSpec.from_variant(variant)
-    ok, why = varlen_check(spec, window=1, device_type=torch.device(dev).type)
+    W = spec.window(4)
+    ok, why = varlen_check(spec, window=W, device_type=torch.device(dev).type)
     if not ok:
         raise NotImplementedError(why)
     torch.manual_seed(seed)
@@ -162,19 +164,26 @@ def check_varlen(*, variant, dtype, K, seed=0, dev="cuda", C=64, read="after", s
     S0 = (torch.randn(N, H, K, V, **f64) * 0.1).float().double()
     last_k = nrm(torch.randn(N, H, K, **f64)).to(dt).double()
     seen = torch.tensor([0, 5, 1, 0, 9] + [3, 0][:N - 5], device=dev)
-    kw = dict(variant=variant, window=1, lam_mode="scaled", cu_seqlens=cu, output_final_state=True, read=read,
+    tails = []
+    if W > 1:  # the pairs each sequence carries (zero where it has seen fewer than W - 1 tokens)
+        have = (torch.arange(W - 1, device=dev)[None, :] >= (W - 1) - seen[:, None]).to(torch.float64)
+        tails = [(nrm(torch.randn(N, W - 1, H, K, **f64)) * have[..., None, None]).to(dt).double(),
+                 (torch.randn(N, W - 1, H, V, **f64) * have[..., None, None]).to(dt).double()]
+    kw = dict(variant=variant, window=W, lam_mode="scaled", cu_seqlens=cu, output_final_state=True, read=read,
               shift=shift)
 
-    def state(S, lk):
-        return FalconState(S=S, last_k=lk, seen=seen, tail_x=None, tail_v=None, variant=variant, window=1,
+    def state(S, lk, *tl_):
+        tx, tv = tl_ if tl_ else (None, None)
+        return FalconState(S=S, last_k=lk, seen=seen, tail_x=tx, tail_v=tv, variant=variant, window=W,
                            shift=shift, read=read)
 
-    ins = [t.clone().requires_grad_(True) for t in (q, k, v, beta, lam, S0, last_k)]
-    o_ref, st_ref = recurrent_falcon(*ins[:5], initial_state=state(ins[5], ins[6]), **kw)
+    ins = [t.clone().requires_grad_(True) for t in (q, k, v, beta, lam, S0, last_k, *tails)]
+    o_ref, st_ref = recurrent_falcon(*ins[:5], initial_state=state(*ins[5:]), **kw)
     do, ds = torch.randn_like(o_ref), torch.randn_like(st_ref.S)
     gref = torch.autograd.grad((o_ref * do).sum() + (st_ref.S * ds).sum(), ins, allow_unused=True)
     kin = [t.detach().to(dt).requires_grad_(True) for t in (q, k, v)] + \
-          [t.detach().float().requires_grad_(True) for t in (beta, lam, S0)] + [last_k.detach().to(dt).requires_grad_()]
+          [t.detach().float().requires_grad_(True) for t in (beta, lam, S0)] + \
+          [t.detach().to(dt).requires_grad_(True) for t in (last_k, *tails)]
     calls = [0]
     plan = kcommon.varlen
 
@@ -183,16 +192,20 @@ def check_varlen(*, variant, dtype, K, seed=0, dev="cuda", C=64, read="after", s
         return plan(*a, **kwa)
     kcommon.varlen = counted
     try:
-        o, st = chunk_falcon(*kin[:5], initial_state=state(kin[5], kin[6]), backend="triton", chunk_size=C, **kw)
+        o, st = chunk_falcon(*kin[:5], initial_state=state(*kin[5:]), backend="triton", chunk_size=C, **kw)
         gk = torch.autograd.grad((o.double() * do).sum() + (st.S.double() * ds).sum(), kin, allow_unused=True)
     finally:
         kcommon.varlen = plan
     res = {"o": rel_err(o, o_ref), "S_T": rel_err(st.S, st_ref.S), "last_k": rel_err(st.last_k, st_ref.last_k),
            "seen": float((st.seen != st_ref.seen).any())}
-    for n, a, b in zip(["q", "k", "v", "beta", "lam", "S0", "last_k"], gk, gref):
-        if shift or n != "last_k":  # without the shift the carried key is unused (no gradient)
+    if W > 1:
+        res["tail_x"] = rel_err(st.tail_x, st_ref.tail_x)
+        res["tail_v"] = rel_err(st.tail_v, st_ref.tail_v)
+    names = ["q", "k", "v", "beta", "lam", "S0", "last_k", "tail_x", "tail_v"]
+    for n, a, b in zip(names, gk, gref):
+        if b is not None and (shift or n != "last_k"):  # without the shift the carried key is unused
             res["d" + n] = rel_err(a, b)
-    res["native"] = float(calls[0] == 2)  # the forward's and the backward's chunk plans
+    res["native"] = float(calls[0] == 2 * W)  # the forward's and the backward's chunk plans (W scans for 3A)
     return res
 
 
@@ -369,14 +382,14 @@ def main(argv=None):
 
     # native packed sequences (chunk kernels reading cu_seqlens; "not implemented" unless proven or
     # FALCON_TRITON_UNPROVEN=1): after the decode rows, so the earlier rows keep their numbers
-    for variant in [v for v in (("1", "1A") if args.final else only) if v in ("1", "1A", "2", "2A")]:
+    for variant in [v for v in (("1", "1A") if args.final else only) if v in ("1", "1A", "2", "2A", "3A")]:
         for dtype in ("bfloat16", "float32"):
             for C in ((64,) if args.final else (16, 64)):
                 row = dict(kind="varlen-native", variant=variant, dtype=dtype, K=64, C=C)
                 run_row(row, f"(varlen-native {variant} {dtype} C={C})",
                         lambda variant=variant, dtype=dtype, C=C: check_varlen(variant=variant, dtype=dtype, K=64, C=C),
-                        lambda res, dtype=dtype: varlen_judge(res, tol_judge(dtype, lambda k: k in ("o", "S_T",
-                                                                                                     "last_k"))),
+                        lambda res, dtype=dtype: varlen_judge(res, tol_judge(
+                            dtype, lambda k: k in ("o", "S_T", "last_k", "tail_x", "tail_v"))),
                         not_implemented_ok=True)
 
     meta = write()

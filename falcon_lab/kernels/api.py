@@ -162,16 +162,23 @@ def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read,
             lengths = cs[1:] - cs[:-1]
             seen = st.seen.to(q.device) if st is not None else torch.zeros_like(lengths)
             prep = prepare
-            if _fused_prep(spec, W, q):
+            if W == 1 and _fused_prep(spec, W, q):  # the windowed fused prep has no packed form: PyTorch's
                 from .triton import fused_prepare as prep  # same arguments, same CoreInputs
             inp = prep(k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
                        shift=shift, eps=eps, eps_gamma=eps_gamma, seen=seen,
-                       last_k=st.last_k if st is not None else None, cu_seqlens=cs)
+                       last_k=st.last_k if st is not None else None,
+                       tail_x=st.tail_x if st is not None else None,
+                       tail_v=st.tail_v if st is not None else None, cu_seqlens=cs)
             o, S = core(q, inp.xw, inp.vw, inp.eta, inp.g, S0, delta=delta, window=W, read_after=(read == "after"),
                         chunk_size=chunk_size, cu_seqlens=cs)
             final = None
             if output_final_state:
-                final = FalconState(S=S, last_k=k[0, cs[1:] - 1], seen=seen + lengths, tail_x=None, tail_v=None,
+                tail_x = tail_v = None
+                if W > 1:  # each sequence's last W-1 pair rows: its stream ends at cu[s+1] + (s+1)(W-1)
+                    ends = cs[1:] + torch.arange(1, lengths.numel() + 1, device=q.device) * (W - 1)
+                    tidx = ends[:, None] - (W - 1) + torch.arange(W - 1, device=q.device)
+                    tail_x, tail_v = inp.xw[0, tidx], inp.vw[0, tidx]
+                final = FalconState(S=S, last_k=k[0, cs[1:] - 1], seen=seen + lengths, tail_x=tail_x, tail_v=tail_v,
                                     variant=variant, window=window, shift=shift, read=read)
             return o, final
     valid = None

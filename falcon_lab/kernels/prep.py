@@ -50,7 +50,8 @@ def prepare(
     tail_x: Optional[torch.Tensor] = None,  # [B, W-1, H, K]
     tail_v: Optional[torch.Tensor] = None,  # [B, W-1, H, V]
     valid: Optional[torch.Tensor] = None,  # [B, T] bool: False on right padding (varlen)
-    cu_seqlens: Optional[torch.Tensor] = None,  # [N+1]: B = 1 holds N packed sequences (seen, last_k per sequence)
+    cu_seqlens: Optional[torch.Tensor] = None,  # [N+1]: B = 1 holds N packed sequences (seen, last_k, tails per
+    # sequence); then xw / vw are the packed pair stream: each sequence's W-1 carried tail rows, then its pairs
 ) -> CoreInputs:
     spec = FalconSpec.from_variant(variant)
     per_column, windowed = spec.per_column, spec.windowed
@@ -61,8 +62,8 @@ def prepare(
 
     # ---- the pair stream ------------------------------------------------------------------
     if cu_seqlens is not None:  # packed sequences: positions and the shift restart at each sequence's first token
-        if W != 1 or Bsz != 1:
-            raise ValueError(f"cu_seqlens: the packed prep takes window 1 and B = 1, got window {W}, B = {Bsz}")
+        if Bsz != 1:
+            raise ValueError(f"cu_seqlens: the packed prep takes B = 1, got B = {Bsz}")
         cu = cu_seqlens.to(k.device)
         N = cu.numel() - 1
         seq = torch.repeat_interleave(torch.arange(N, device=k.device), cu[1:] - cu[:-1], output_size=T)
@@ -84,7 +85,20 @@ def prepare(
         n_pairs = pos
     has_pair = n_pairs > 0  # [B, T]
     x = x * has_pair[..., None, None].to(x.dtype)  # the x_1 = 0 sentinel, in feature space
-    if W > 1:
+    win_idx = None
+    if W > 1 and cu_seqlens is not None:  # the packed pair stream: sequence s at rows cu[s] + s(W-1) ..
+        E = W - 1
+        tx = tail_x if tail_x is not None else k.new_zeros(N, E, H, K)
+        tv = tail_v if tail_v is not None else v.new_zeros(N, E, H, V)
+        dest = torch.arange(T, device=k.device) + (seq + 1) * E  # token t's pair row
+        trows = (first + torch.arange(N, device=k.device) * E)[:, None] + torch.arange(E, device=k.device)
+        zero = torch.zeros_like(dest)
+        xw = x.new_zeros(1, T + N * E, H, K).index_put((zero, dest), x[0]).index_put(
+            (zero[:N * E], trows.reshape(-1)), tx.to(k.dtype).reshape(N * E, H, K))
+        vw = v.new_zeros(1, T + N * E, H, V).index_put((zero, dest), v[0]).index_put(
+            (zero[:N * E], trows.reshape(-1)), tv.to(v.dtype).reshape(N * E, H, V))
+        win_idx = dest[:, None] - E + torch.arange(W, device=k.device)  # [T, W]: the pair rows of t's window
+    elif W > 1:
         tx = tail_x if tail_x is not None else k.new_zeros(Bsz, W - 1, H, K)
         tv = tail_v if tail_v is not None else v.new_zeros(Bsz, W - 1, H, V)
         xw = torch.cat([tx.to(k.dtype), x], dim=1)
@@ -98,7 +112,10 @@ def prepare(
     if not windowed:
         stat = (xc[:, W - 1:] ** 2).sum(-1)  # E_t = ||x_t||²   [B, T, H]
     else:
-        win = xc.unfold(1, W, 1)  # [B, T, H, K, W]: pairs t..t+W-1 of the extended stream
+        if win_idx is not None:  # packed: [1, T, H, K, W] gathered per sequence
+            win = xc[0, win_idx].permute(0, 2, 3, 1)[None]
+        else:
+            win = xc.unfold(1, W, 1)  # [B, T, H, K, W]: pairs t..t+W-1 of the extended stream
         if not spec.delta:  # 3A: mean window energy
             stat = (win ** 2).sum((-2, -1)) / count.clamp(min=1)[..., None]  # Ē_t
         else:  # "3": top eigenvalue of the W x W window Gram (zero rows add zero eigenvalues)

@@ -36,9 +36,9 @@ What runs where (docs/kernels-triton.md):
     fp32 row K = V = 16, C = 64 is wrong in every gradient that _pcd_bwd_state feeds (dx, dv, dη, dg, dS0 at
     1.1e-4 to 1.6e-4 against 3e-7 in every other fp32 row; the same row is 3.7e-7 under the interpreter):
     still unproven.
-  * packed sequences (cu_seqlens) with window 1 (Falcon-1, -1A, -2, -2A): the chunk kernels read the packed batch
-    (VARLEN branches in chunk.py, percol.py, percol_delta.py, and in the fused prep, prep.py), no padding to
-    [N, T_max];
+  * packed sequences (cu_seqlens) for Falcon-1, -1A, -2, -2A and the Falcon-3A scans: the chunk kernels read the
+    packed batch (VARLEN branches in chunk.py, percol.py, percol_delta.py, and in the window-1 fused prep, prep.py;
+    Falcon-3A's pair stream packs each sequence's W-1 carried rows before its pairs), no padding to [N, T_max];
     interpreter-tested
     against float64, not yet run on a GPU, so on CUDA only with FALCON_TRITON_UNPROVEN=1 (FALCON_TRITON_VARLEN=pad
     pads as every other variant does);
@@ -94,7 +94,7 @@ if _FALCON_3 not in ("expand", "gather"):
 _PREP = os.environ.get("FALCON_TRITON_PREP", "fused")
 if _PREP not in ("fused", "torch"):
     raise ValueError(f"FALCON_TRITON_PREP must be 'fused' or 'torch', got {_PREP!r}")
-# Packed sequences (cu_seqlens): "native" (the chunk kernels read the packed batch, window 1: Falcon-1, -1A, -2, -2A)
+# Packed sequences (cu_seqlens): "native" (the chunk kernels read the packed batch: Falcon-1, -1A, -2, -2A, 3A scans)
 # or "pad" (gathered into right-padded rows [N, T_max] first, every variant). Ours.
 _VARLEN = os.environ.get("FALCON_TRITON_VARLEN", "native")
 if _VARLEN not in ("native", "pad"):
@@ -141,8 +141,10 @@ def varlen_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") ->
     """(whether a Triton-backend call with cu_seqlens runs the packed batch natively, why); else it is padded."""
     if _VARLEN != "native":
         return False, "FALCON_TRITON_VARLEN=pad"
-    if spec.window(window) != 1:
-        return False, f"native packed sequences run with window 1 (Falcon-1, -1A, -2, -2A), not {spec.label}"
+    if spec.window(window) != 1 and spec.delta:
+        return False, f"native packed sequences run without Falcon-3's pseudo-tokens (1, 1A, 2, 2A, 3A), not {spec.label}"
+    if spec.window(window) != 1 and _FALCON_3A != "scans":
+        return False, "native packed sequences run Falcon-3A as W scans, not the banded kernel (FALCON_TRITON_3A)"
     if device_type == "cuda" and not (spec.variant in PROVEN_VARLEN or _unproven_enabled()):
         return False, (f"the native packed-sequence kernels of {spec.label} are not proven on the H200 "
                        "(FALCON_TRITON_UNPROVEN=1 runs them anyway)")
@@ -200,7 +202,9 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
          fused_window: Optional[bool] = None, cu_seqlens: Optional[torch.Tensor] = None):
     """The Falcon core on Triton (shapes and semantics in docs/kernel-contract.md).
 
-    cu_seqlens ([N+1] token offsets; B = 1, window 1): the packed sequences run natively, each from its
+    cu_seqlens ([N+1] token offsets; B = 1; window 1, or Falcon-3A's W scans with xw / vw the packed pair stream of
+    T + N (W - 1) rows, each sequence's W - 1 carried rows before its pairs): the packed sequences run natively, each
+    from its
     own S0 row (S0 and the returned S_T are [N, H, K, V]); no padding.
 
     fused_window: the window inside the kernels: Falcon-3A (window > 1, no delta) in one banded scan (True) or as W
@@ -231,8 +235,10 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
         raise ValueError(f"head sizes up to 256 are supported, got K={K}, V={V}")
     per_column = eta.dim() == 4
     W = int(window)
-    if xw.shape[1] != T + W - 1 or vw.shape[1] != T + W - 1:
-        raise ValueError(f"xw/vw must have T + window - 1 = {T + W - 1} rows, got {xw.shape[1]}, {vw.shape[1]}")
+    rows = T + (W - 1) * (cu_seqlens.shape[0] - 1 if cu_seqlens is not None else 1)
+    if xw.shape[1] != rows or vw.shape[1] != rows:
+        raise ValueError(f"xw/vw must have T + (window - 1) x sequences = {rows} rows, got {xw.shape[1]}, "
+                         f"{vw.shape[1]}")
     tf32 = allow_tf32 if allow_tf32 is not None else _TF32
     grad = _needs_grad(q, xw, vw, eta, g, S0)
     if T == 1 and not grad:
@@ -241,9 +247,10 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     if per_column and W > 1:
         raise NotImplementedError(f"backend='triton' has no chunk kernel for per-column gates with window={W}; "
                                   "use backend='torch'")
-    if cu_seqlens is not None and (W != 1 or B != 1):
-        raise NotImplementedError("backend='triton' runs packed sequences (cu_seqlens) natively with window 1 and "
-                                  f"B = 1, got window={W}, B={B}")
+    if cu_seqlens is not None and ((W != 1 and (delta or fused_window)) or B != 1):
+        raise NotImplementedError("backend='triton' runs packed sequences (cu_seqlens) natively with B = 1 for "
+                                  f"Falcon-1, -1A, -2, -2A and the Falcon-3A scans, got window={W}, delta={delta}, "
+                                  f"fused_window={fused_window}, B={B}")
     spec = FalconSpec.from_flags(delta=delta, per_column=per_column, windowed=W > 1)
     ok, why = check(spec, window=W, T=T, grad=grad, device_type=q.device.type)
     if not ok:
@@ -269,14 +276,14 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
         qe, xe, ve, ee, ge = _expand_window(q, xw, vw, eta, g, W)
         o_e, s = chunk_core(qe, xe, ve, ee, ge, S0, "scalar", (True, read_after, chunk_size, 0, tf32, False, W, 0))
         return o_e.view(B, T, W, H, V)[:, :, 0], s
-    if fused_window if fused_window is not None else _FALCON_3A == "banded":
+    if cu_seqlens is None and (fused_window if fused_window is not None else _FALCON_3A == "banded"):
         C = window_chunk_for(q.shape[-1], chunk_size)  # K = 128, C = 64 failed on the H200 (window_linear.py)
         return chunk_core(q, xw, vw, eta, g, S0, "window_linear", (read_after, C, W, tf32))
     # Falcon-3A: S = Σ_m S^(m), scan m writes the pairs W-1-m rows back (falcon-math.md §4.1).
     o_sum, s_sum = None, None
     for m in range(W):
         o_m, s_m = chunk_core(q, xw, vw, eta, g, S0 if m == 0 else None, "scalar",
-                              (False, read_after, chunk_size, W - 1 - m, tf32, True, 1, 0))
+                              (False, read_after, chunk_size, W - 1 - m, tf32, True, 1, 0), cu_seqlens)
         o_sum = o_m if o_sum is None else o_sum + o_m
         s_sum = s_m if s_sum is None else s_sum + s_m
     return o_sum.to(q.dtype), s_sum

@@ -141,10 +141,11 @@ def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.cons
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    if VARLEN:  # packed sequences (B = 1, window 1): program n is chunk slot n; pointers moved to its sequence
-        _s, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
-        X += bos * H * K
-        VV += bos * H * V
+    if VARLEN:  # packed sequences (B = 1): program n is chunk slot n; pointers moved to its sequence
+        s_, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        xb = bos + s_ * XT  # the pair stream: each sequence's XT carried rows (W - 1), then its pairs
+        X += xb * H * K
+        VV += xb * H * V
         ETA += bos * H
         G += bos * H
         A += bos * H * C
@@ -261,8 +262,9 @@ def _fwd_state(X, VV, ETA, G, WT, VT, S0, HS, R, ST, T, XT, XOFF, NT, H: tl.cons
     S = _state_init(S0, bh64, soff, smask, HAS_S0, K, V, BK, BV)
     if VARLEN:  # packed sequences: (b, h) = (sequence, head); its chunks sit at slots coff.. of head h's NT slots
         bos, T, NL, coff = _varlen_seq(CU, COFF, b, C)
-        X += bos * H * K
-        VV += bos * H * V
+        xb = bos + b * XT  # the pair stream: each sequence's XT carried rows (W - 1), then its pairs
+        X += xb * H * K
+        VV += xb * H * V
         ETA += bos * H
         G += bos * H
         WT += bos * H * K
@@ -308,10 +310,11 @@ def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl
     b = bh // H
     h = bh % H
     if VARLEN:
-        _s, n, bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
+        s_, n, bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
+        xb = bos + s_ * XT  # the pair stream: each sequence's XT carried rows (W - 1), then its pairs
         Q += bos * H * K
-        X += bos * H * K
-        VV += bos * H * V
+        X += xb * H * K
+        VV += xb * H * V
         R += bos * H * V
         ETA += bos * H
         G += bos * H
@@ -367,9 +370,10 @@ def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: 
     b = bh // H
     h = bh % H
     if VARLEN:
-        _s, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        s_, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        xb = bos + s_ * XT  # the pair stream: each sequence's XT carried rows (W - 1), then its pairs
         Q += bos * H * K
-        X += bos * H * K
+        X += xb * H * K
         G += bos * H
         DO += bos * H * V
         DU += bos * H * V
@@ -418,8 +422,9 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
     dH = _state_init(DST, bh64, soff, smask, HAS_DST, K, V, BK, BV)
     if VARLEN:
         bos, T, NL, coff = _varlen_seq(CU, COFF, b, C)
+        xb = bos + b * XT  # the pair stream: each sequence's XT carried rows (W - 1), then its pairs
         Q += bos * H * K
-        X += bos * H * K
+        X += xb * H * K
         ETA += bos * H
         G += bos * H
         WT += bos * H * K
@@ -475,10 +480,11 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
     b = bh // H
     h = bh % H
     if VARLEN:
-        _s, n, bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
+        s_, n, bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
+        xb = bos + s_ * XT  # the pair stream: each sequence's XT carried rows (W - 1), then its pairs
         Q += bos * H * K
-        X += bos * H * K
-        VV += bos * H * V
+        X += xb * H * K
+        VV += xb * H * V
         R += bos * H * V
         ETA += bos * H
         G += bos * H
@@ -486,8 +492,8 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
         DO += bos * H * V
         DU += bos * H * V
         DQ += bos * H * K
-        DX += bos * H * K
-        DV += bos * H * V
+        DX += xb * H * K
+        DV += xb * H * V
         DETA += bos * H
         DG += bos * H
         HS += coff * K * V
@@ -621,13 +627,14 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
                   out_dtype=None, group=1, gather=False, cu_seqlens=None):
     """gather (Falcon-3, group = W > 1, ours): q, eta, g are the T steps and x, v the T + W - 1 pairs (no pseudo-token
     expansion on the host): the kernels run over the T·W pseudo-tokens reading them in place; O has the T steps.
-    cu_seqlens (window 1, B = 1): the packed sequences run natively (no padding; S0 and S_T have one row per
-    sequence; the per-chunk states of head h sit in NT = common.varlen_chunks slots)."""
+    cu_seqlens (B = 1, group 1): the packed sequences run natively (no padding; S0 and S_T have one row per
+    sequence; the per-chunk states of head h sit in NT = common.varlen_chunks slots); x and v are the packed pair
+    stream, each sequence's (x.shape[1] - T) / N carried rows (W - 1, for Falcon-3A's scans) before its pairs."""
     Ts = q.shape[1]
     B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
                                                                   Ts * group if gather else 0)
     va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group, xoff)
-    XT = x.shape[1]
+    XT = x.shape[1] if cu_seqlens is None else (x.shape[1] - T) // NS  # packed: each sequence's carried pair rows
     f32 = torch.float32
     if delta:
         A = torch.empty(B, T, H, C, dtype=f32, device=dev)
@@ -658,7 +665,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
                                                                      Ts * group if gather else 0)
     va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group, xoff)
-    XT = x.shape[1]
+    XT = x.shape[1] if cu_seqlens is None else (x.shape[1] - T) // NS  # packed: each sequence's carried pair rows
     f32 = torch.float32
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     _bwd_dul[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,
@@ -676,7 +683,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
         deta = _empty((B, T, H), eta.dtype, dev)
     else:
         dq = _empty(q.shape, q.dtype, dev)
-        if xoff == 0 and XT == T:
+        if xoff == 0 and x.shape[1] == T:
             dx = _empty(x.shape, x.dtype, dev)
             dv = _empty(v.shape, v.dtype, dev)
         else:  # a shifted view of a longer pair stream (window composition): rows outside stay 0

@@ -125,8 +125,8 @@ def varlen_args(cu_seqlens, q, T: int, C: int, NT: int, B: int, group: int = 1, 
     pointers (q, never read), NT and B unchanged."""
     if cu_seqlens is None:
         return (q, q, q, False), NT, B
-    if group != 1 or xoff != 0 or B != 1:
-        raise ValueError("packed sequences (cu_seqlens) run with window 1 on a batch of 1 (B = 1)")
+    if group != 1 or B != 1:
+        raise ValueError("packed sequences (cu_seqlens) run on a batch of 1 (B = 1), without Falcon-3's pseudo-tokens")
     vl = varlen(cu_seqlens, T, C)
     return (vl.cu, vl.cidx, vl.coff, True), vl.NT, vl.N
 
