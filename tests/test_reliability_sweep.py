@@ -45,3 +45,28 @@ def test_two_processes_starting_together_share_one_parent(store):
 def test_storage_without_its_driver_is_refused_naming_storage():
     with pytest.raises(ValueError, match=r"^storage: 'postgresql\+nosuchdriver://u:\*\*\*@localhost/db' needs"):
         open_storage("postgresql+nosuchdriver://u:secret@localhost/db")
+
+
+def test_the_parent_is_found_or_created_under_the_store_lock(store, monkeypatch):
+    """What makes the race above impossible on a SQLite store: the find-or-create runs while the file lock next to the
+    store is held (another holder, here a second lock object, cannot take it), and it is free again afterwards."""
+    from filelock import FileLock, Timeout
+
+    from falcon_lab.sweeps import tracking
+
+    lock = store[len("sqlite:///"):].rsplit("/", 1)[0] + "/.falcon_lab-sweep-parent.lock"
+    seen = []
+    inner = tracking._open_parent
+
+    def probe(*a, **k):
+        try:
+            FileLock(lock, timeout=0).acquire()
+            seen.append("free")
+        except Timeout:
+            seen.append("held")
+        return inner(*a, **k)
+    monkeypatch.setattr(tracking, "_open_parent", probe)
+    run_id = open_parent(store, "sw", "locked", None, {})
+    assert seen == ["held"] and _parents(store, "locked") == [run_id]
+    with FileLock(lock, timeout=0):  # released
+        pass
