@@ -43,6 +43,11 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _chunk_slots(T: int, C: int, cu) -> int:
+    """Per-chunk state slots of a call: ceil(T / C), or the packed sequences' bound (common.varlen_chunks)."""
+    return varlen_chunks(T, cu.shape[0] - 1, C) if cu is not None else _cdiv(T, C)
+
+
 # ---- the families ---------------------------------------------------------------------------------
 # scalar cfg: [delta, read_after, C, xoff, allow_tf32, out_fp32, group, gather] (gather: Falcon-3's pseudo-tokens read
 # in place by the kernels, q/eta/g with T steps and x/v with T + group - 1 pairs; else every input has the kernel's rows)
@@ -74,8 +79,7 @@ def _scalar_saved_shapes(q, x, v, cfg, cu=None):
     B, T, H, K = q.shape
     T = T * group if gather else T
     V = v.shape[-1]
-    NT = varlen_chunks(T, cu.shape[0] - 1, C) if cu is not None else _cdiv(T, C)
-    hs = ((B, H, NT, K, V), torch.float32)
+    hs = ((B, H, _chunk_slots(T, C, cu), K, V), torch.float32)
     if not delta:
         return [hs] + [((0,), torch.float32)] * 3
     return [hs, ((B, T, H, C), torch.float32), ((B, T, H, K), q.dtype), ((B, T, H, V), q.dtype)]
@@ -109,8 +113,7 @@ def _percol_saved_shapes(with_r: bool):
         _, C, _ = cfg
         B, T, H, K = q.shape
         V = v.shape[-1]
-        NT = varlen_chunks(T, cu.shape[0] - 1, C) if cu is not None else _cdiv(T, C)
-        out = [((B, H, NT, K, V), torch.float32)]
+        out = [((B, H, _chunk_slots(T, C, cu), K, V), torch.float32)]
         return out + ([((B, T, H, V), torch.float32)] if with_r else [])
     return f
 

@@ -164,6 +164,30 @@ def _pc_fwd_intra(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, 
 
 
 @triton.jit
+def _blk_prefix(g, gblk, i, a, READ_AFTER: tl.constexpr):
+    """Sub-block a (16 rows) of a chunk whose per-column log-decays are g [C, BV] (rows i): (ρ: the log-prefix before
+    the block, its rows' log-prefix u and read prefix ur (u, or u - g when reading before the write)), from the
+    block's own rows gblk [16, BV]."""
+    rho = tl.sum(tl.where((i < a * 16)[:, None], g, 0.), 0)
+    u = tl.cumsum(gblk, 0) + rho[None, :]
+    if READ_AFTER:
+        ur = u
+    else:
+        ur = u - gblk
+    return rho, u, ur
+
+
+@triton.jit
+def _causal16(j, READ_AFTER: tl.constexpr):
+    """The [16, 16] read mask inside a sub-block: s <= i (read after the write) or s < i."""
+    if READ_AFTER:
+        causal = j[:, None] >= j[None, :]
+    else:
+        causal = j[:, None] > j[None, :]
+    return causal
+
+
+@triton.jit
 def _pc_fwd_intra_blk(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr,
                       PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
@@ -208,15 +232,8 @@ def _pc_fwd_intra_blk(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constex
         xa = tl.load(X + ta[:, None] * K + ck[None, :], mask=ka, other=0.)
         ga = tl.load(G + offa, mask=va, other=0.)
         Ua = tl.load(VV + offa, mask=va, other=0.).to(tl.float32) * tl.load(ETA + offa, mask=va, other=0.)
-        rho = tl.sum(tl.where((i < a * 16)[:, None], g, 0.), 0)  # log-prefix before block a, per column
-        ua = tl.cumsum(ga, 0) + rho[None, :]
-        if READ_AFTER:
-            ura = ua
-            causal = j[:, None] >= j[None, :]
-        else:
-            ura = ua - ga
-            causal = j[:, None] > j[None, :]
-        Paa = tl.where(causal, tl.dot(qa, tl.trans(xa), input_precision=PREC), 0.)
+        rho, ua, ura = _blk_prefix(g, ga, i, a, READ_AFTER)
+        Paa = tl.where(_causal16(j, READ_AFTER), tl.dot(qa, tl.trans(xa), input_precision=PREC), 0.)
         D = tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.))
         intra = tl.sum(Paa[:, :, None] * D * Ua[None, :, :], 1)
         if a > 0:
@@ -312,10 +329,7 @@ def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.conste
     dt = x.dtype
     qa = tl.load(Q + ta[:, None] * K + ck[None, :], mask=ma[:, None] & kmask[None, :], other=0.)
     xa = tl.load(X + ta[:, None] * K + ck[None, :], mask=ma[:, None] & kmask[None, :], other=0.)
-    if READ_AFTER:
-        causal = j[:, None] >= j[None, :]
-    else:
-        causal = j[:, None] > j[None, :]
+    causal = _causal16(j, READ_AFTER)
     before = i < a * 16
     Paa = tl.where(causal, tl.dot(qa, tl.trans(xa), input_precision=PREC), 0.)
     Poff = tl.where(before[None, :], tl.dot(qa, tl.trans(x), input_precision=PREC), 0.)
@@ -334,12 +348,7 @@ def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.conste
         ga = tl.load(G + offa, mask=va, other=0.)
         Ua = tl.load(VV + offa, mask=va, other=0.).to(tl.float32) * tl.load(ETA + offa, mask=va, other=0.)
         doa = tl.load(DO + offa, mask=va, other=0.).to(tl.float32)
-        rho = tl.sum(tl.where(before[:, None], g, 0.), 0)
-        ua = tl.cumsum(ga, 0) + rho[None, :]
-        if READ_AFTER:
-            ura = ua
-        else:
-            ura = ua - ga
+        rho, ua, ura = _blk_prefix(g, ga, i, a, READ_AFTER)
         DU3 = tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.)) * Ua[None, :, :] * doa[:, None, :]
         Mdiag += tl.sum(DU3, 2)
         dgr = tl.sum(Paa[:, :, None] * DU3, 1)
@@ -396,16 +405,9 @@ def _pc_bwd_cols(Q, X, VV, ETA, G, DO, DU, DGU, T, H: tl.constexpr, K: tl.conste
     qb = tl.load(Q + tb[:, None] * K + ck[None, :], mask=mb[:, None] & kmask[None, :], other=0.)
     dt = xb.dtype
     gb = tl.load(G + offb, mask=vbm, other=0.)
-    rhob = tl.sum(tl.where((i < blk * 16)[:, None], g, 0.), 0)
-    ub = tl.cumsum(gb, 0) + rhob[None, :]
-    if READ_AFTER:
-        urb = ub
-        causal = j[:, None] >= j[None, :]
-    else:
-        urb = ub - gb
-        causal = j[:, None] > j[None, :]
+    _rhob, ub, urb = _blk_prefix(g, gb, i, blk, READ_AFTER)
     dob = tl.load(DO + offb, mask=vbm, other=0.).to(tl.float32)
-    Pbb = tl.where(causal, tl.dot(qb, tl.trans(xb), input_precision=PREC), 0.)  # [i, s]
+    Pbb = tl.where(_causal16(j, READ_AFTER), tl.dot(qb, tl.trans(xb), input_precision=PREC), 0.)  # [i, s]
     du = tl.sum(Pbb[:, :, None] * tl.exp(tl.minimum(urb[:, None, :] - ub[None, :, :], 0.)) * dob[:, None, :], 0)
     for a in range(blk + 1, NB):
         _r2, ma, ta, _x2 = _chunk_rows(b, h, n * NB + a, j, T, T, 0, H, 16)
@@ -414,12 +416,7 @@ def _pc_bwd_cols(Q, X, VV, ETA, G, DO, DU, DGU, T, H: tl.constexpr, K: tl.conste
         qa = tl.load(Q + ta[:, None] * K + ck[None, :], mask=ma[:, None] & kmask[None, :], other=0.)
         ga = tl.load(G + offa, mask=va, other=0.)
         doa = tl.load(DO + offa, mask=va, other=0.).to(tl.float32)
-        rho = tl.sum(tl.where((i < a * 16)[:, None], g, 0.), 0)
-        ua = tl.cumsum(ga, 0) + rho[None, :]
-        if READ_AFTER:
-            ura = ua
-        else:
-            ura = ua - ga
+        rho, ua, ura = _blk_prefix(g, ga, i, a, READ_AFTER)
         alpha_do = (tl.exp(tl.minimum(ura - rho[None, :], 0.)) * doa).to(dt)
         PT = tl.dot(xb, tl.trans(qa), input_precision=PREC)  # P[i in a, s in b]ᵀ, built as such (fla #640)
         du += tl.exp(tl.minimum(rho[None, :] - ub, 0.)) * tl.dot(PT.to(dt), alpha_do, input_precision=PREC)
