@@ -37,35 +37,54 @@ W=${PROVE_WORK:-/tmp/prove}; mkdir -p "$W"
 DL=${PROVE_DEADLINE_S:-480}
 STEPS=${STEPS:-"f2 f2_warps4 banded"}
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
+want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 step() {  # step NAME TIMEOUT_S CMD...
   local name=$1 to=$2; shift 2
-  case " $STEPS " in *" $name "*) ;; *) return ;; esac
+  want "$name" || return 0
   if [ "$(el)" -ge "$DL" ]; then echo "$name skipped (deadline)" >> "$W/summary.txt"; return; fi
   local cap=$(( DL + 30 - $(el) )); [ "$to" -gt "$cap" ] && to=$cap
   echo "== +$(el)s $name (timeout ${to}s): $*" >> "$W/summary.txt"
   timeout --kill-after=10 "$to" "$@" > "$W/$name.log" 2>&1
   echo "$name rc=$? +$(el)s" >> "$W/summary.txt"
 }
+# cstep: a correctness-only step (bench check). With PROVE_PARALLEL=1 these all start together in the background,
+# capped at PROVE_CHECK_S (they compile on separate CPU cores and their small kernels barely load the GPU), and the
+# timing steps after `wait` run one at a time, alone on the GPU. Without it, cstep is step.
+PAR=${PROVE_PARALLEL:-0}
+CHK=${PROVE_CHECK_S:-360}
+cstep() {
+  if [ "$PAR" = 1 ]; then
+    local name=$1 to=$2; shift 2; want "$name" || return 0
+    [ "$to" -gt "$CHK" ] && to=$CHK
+    step "$name" "$to" "$@" &
+  else step "$@"; fi
+}
 nvidia-smi > "$W/nvidia-smi.txt" 2>&1
-step f2 300 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 2 --out "$W/check_f2"
-step f2_warps4 120 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/falcon2_crash.py --dtype bfloat16 \
+cstep f2 300 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 2 --out "$W/check_f2"
+cstep f2_warps4 120 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/falcon2_crash.py --dtype bfloat16 \
   --state-warps 4 --json "$W/f2_warps4.json"
-step banded 360 env FALCON_TRITON_3A=banded FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
+cstep banded 360 env FALCON_TRITON_3A=banded FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
   --variants 3A,1A,3 --out "$W/check_3a_banded"
+cstep prep 300 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --quick --variants 1,1A,2A,3A,3 \
+  --rows 1-60 --out "$W/check_prep"
+want f3gather && STEPS="$STEPS f3gather_check f3gather_time"
+want varlen && STEPS="$STEPS varlen_check varlen_time"
+want f2a_blocked && STEPS="$STEPS f2a_check f2a_time"
+cstep f3gather_check 300 env FALCON_TRITON_3=gather FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
+  --variants 3 --out "$W/check_f3gather"
+cstep varlen_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 1,1A,2A,2,3A \
+  --kinds varlen-native --out "$W/check_varlen"
+cstep f2a_check 300 env FALCON_TRITON_2A=blocked FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
+  --variants 2A,2 --quick --out "$W/check_2a_blocked"
+wait
+# timing steps, alone on the GPU
 step kernels 480 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --out "$W/kernels" \
   --ops falcon-1,falcon-1A,falcon-2,falcon-3,falcon-3A,falcon-3A-banded,falcon-2A,sdpa_flash
-step prep 300 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --quick --variants 1,1A,2A,3A,3 \
-  --rows 1-60 --out "$W/check_prep"
-step f3gather 300 bash -c "FALCON_TRITON_3=gather FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
-  --variants 3 --out $W/check_f3gather && for m in expand gather; do FALCON_TRITON_3=\$m python3 -m falcon_lab.bench \
+step f2a_time 240 bash -c "for m in exact blocked; do FALCON_TRITON_2A=\$m FALCON_TRITON_UNPROVEN=1 python3 -m \
+  falcon_lab.bench kernels --ops \${F2A_OPS:-falcon-1,falcon-2A,falcon-2} --out $W/kernels_2a_\$m; done"
+step varlen_time 150 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/varlen_bench.py --out "$W/varlen_bench"
+step f3gather_time 200 bash -c "for m in expand gather; do FALCON_TRITON_3=\$m python3 -m falcon_lab.bench \
   kernels --ops falcon-3,falcon-1 --out $W/kernels_f3_\$m; done"
-step varlen 240 bash -c "FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 1,1A,2A,2,3A \
-  --kinds varlen-native --out $W/check_varlen; FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/varlen_bench.py \
-  --out $W/varlen_bench"
-step f2a_blocked 420 bash -c "FALCON_TRITON_2A=blocked FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
-  --variants 2A,2 --quick --out $W/check_2a_blocked; for m in exact blocked; do FALCON_TRITON_2A=\$m \
-  FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --ops falcon-1,falcon-2A,falcon-2 \
-  --out $W/kernels_2a_\$m; done"
 step host 240 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/host_bound.py --out "$W/host_bound"
 step fla_warm 420 env TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" python3 experiments/h200/fla_warm.py
 case " $STEPS " in *" fla_warm "*) find .tcache -name "*.autotune.json" 2>/dev/null | tar czf "$W/fla_autotune.tgz" -T - ;;
