@@ -26,6 +26,7 @@ def main(argv=None):
     c.add_argument("--final", action="store_true")
     c.add_argument("--variants", default=None, help="comma-separated subset, e.g. 3,2A")
     c.add_argument("--rows", default=None, help="only these rows, by their number in the full list, e.g. 2-10,14")
+    c.add_argument("--kinds", default=None, help="only rows of these kinds, e.g. core,varlen-native")
     from falcon_lab.benchmarking.model import add_parser as add_model_parser
 
     add_model_parser(sub)
@@ -59,7 +60,8 @@ def main(argv=None):
 
         sys.exit(1 if check(["--out", a.out] + (["--quick"] if a.quick else []) + (["--final"] if a.final else [])
                            + (["--variants", a.variants] if a.variants else [])
-                           + (["--rows", a.rows] if a.rows else [])) else 0)
+                           + (["--rows", a.rows] if a.rows else [])
+                           + (["--kinds", a.kinds] if a.kinds else [])) else 0)
 
 
 if __name__ == "__main__":
