@@ -28,20 +28,16 @@ What runs where (docs/kernels-triton.md):
     (FALCON_TRITON_2A=blocked, also for Falcon-2): 16-row sub-blocks, the blocks below the diagonal as tensor-core
     dots (interpreter-tested, not yet run on a GPU);
   * per-column gates with delta (Falcon-2): percol_delta.py, per-column forward/backward substitution
-    in the state passes, the rest shared with Falcon-2A. Tested under the interpreter; NOT proven on a
-    GPU: off on CUDA unless FALCON_TRITON_UNPROVEN=1 (without it backend=None runs the torch core there).
-    On the H200 its bf16 backward crashed at K = V = 128, C = 64 (issue 15: an out-of-range shared/local
-    address in _pcd_bwd_state at 4 warps); with the 8-warp launch now used, 24 of the 25 rows of
-    `bench check --variants 2` pass (2026-12-02, 9549d0c, the whole sweep in one process, no fault), but the
-    fp32 row K = V = 16, C = 64 is wrong in every gradient that _pcd_bwd_state feeds (dx, dv, dη, dg, dS0 at
-    1.1e-4 to 1.6e-4 against 3e-7 in every other fp32 row; the same row is 3.7e-7 under the interpreter):
-    still unproven.
+    in the state passes, the rest shared with Falcon-2A. Proven on the H200 (2026-12-02, 3e9d5f3: all 29 rows of
+    `bench check --variants 2`, bf16 and fp32, K = V = 16/64/128, every chunk size, the public op, CUDA-graph
+    decode and native varlen). Before that its bf16 backward crashed at K = V = 128, C = 64 (issue 15: an
+    out-of-range shared/local address in _pcd_bwd_state at 4 warps; now 8 warps) and its fp32 row K = V = 16,
+    C = 64 was wrong in every gradient _pcd_bwd_state feeds (now fp32 value tiles >= 32);
   * packed sequences (cu_seqlens) for Falcon-1, -1A, -2, -2A and the Falcon-3A scans: the chunk kernels read the
     packed batch (VARLEN branches in chunk.py, percol.py, percol_delta.py, and in the window-1 fused prep, prep.py;
     Falcon-3A's pair stream packs each sequence's W-1 carried rows before its pairs), no padding to [N, T_max];
-    interpreter-tested
-    against float64, not yet run on a GPU, so on CUDA only with FALCON_TRITON_UNPROVEN=1 (FALCON_TRITON_VARLEN=pad
-    pads as every other variant does);
+    interpreter-tested against float64; on the H200 Falcon-2's varlen rows pass (PROVEN_VARLEN), the others
+    not yet run there, so on CUDA they pad unless FALCON_TRITON_UNPROVEN=1 (FALCON_TRITON_VARLEN=pad pads always);
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
 before triton is first imported (the tests start a subprocess for that).
 """
@@ -115,7 +111,9 @@ def _unproven_enabled() -> bool:
 
 # Variants proven on the H200 (torch 2.11, Triton 3.6) against the float64 loop, forward and backward,
 # bf16 and fp32, NaN-poisoned outputs: benchmarks/results/triton_check_h200_final.md (commit 9f41112).
-PROVEN_CHUNK = {"1", "1A", "3A", "3", "2A"}  # Falcon-3 with a window dividing 16
+PROVEN_CHUNK = {"1", "1A", "3A", "3", "2A", "2"}  # Falcon-3 with a window dividing 16
+# Falcon-2: all 29 rows of `bench check --variants 2` (2026-12-02, 3e9d5f3, one process, NaN-poisoned outputs):
+# benchmarks/results/h200_logs/kernels_2026-12-02f/call1_3e9d5f3/check_f2/.
 # The fused decode step's graph-replayed output was checked for Falcon-1 and Falcon-2A (run 4), Falcon-1A and
 # Falcon-2 (2026-12-02, kernels_2026-12-02e: `bench check` decode-graph rows, 1.3e-7 and 1.4e-7); the Falcon-3
 # capture failed once (cudaErrorStreamCaptureInvalidated, with cuSOLVER in the prep) and 3A was not reached.
@@ -131,10 +129,12 @@ PROVEN_DECODE = {"1", "1A", "2", "2A"}
 # prep_window.py itself (interpreter-tested) has not run there.
 PROVEN_PREP = {"1", "1A", "2", "2A"}
 
-# Native packed sequences (chunk.py's VARLEN kernels, 2026-12-02): interpreter-tested against float64; not yet run
-# on a GPU (experiments/h200/NEXT.md), so on CUDA the padded path runs unless FALCON_TRITON_UNPROVEN=1. The GPU check's
-# varlen-native rows run the fused prep's packed branch as well, so passing them proves both.
-PROVEN_VARLEN: set = set()
+# Native packed sequences (chunk.py's VARLEN kernels, 2026-12-02): interpreter-tested against float64. The GPU
+# check's varlen-native rows (bf16 and fp32, C = 16 and 64, per-sequence states and final states, every gradient)
+# run the fused prep's packed branch as well, so passing them proves both. Falcon-2's four passed on the H200
+# (3e9d5f3, kernels_2026-12-02f/call1_3e9d5f3/check_f2/); the others' rows have not run there yet
+# (experiments/h200/NEXT.md), so on CUDA they pad unless FALCON_TRITON_UNPROVEN=1.
+PROVEN_VARLEN: set = {"2"}
 
 
 def varlen_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") -> tuple[bool, str]:
