@@ -151,3 +151,19 @@ def test_host_integer_helpers_agree_with_triton():
 
     assert [next_pow2(n) for n in range(1, 600)] == [triton.next_power_of_2(n) for n in range(1, 600)]
     assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 300) for b in (1, 3, 16, 64, 100))
+
+
+def test_fp32_dot_precision_small_tiles_use_ieee_on_gpu():
+    """tf32x3 builds with K or V <= 16 misbehaved on the H200 (a shared-memory read out of bounds, compute-sanitizer,
+    2026-12-02): those run "ieee"; larger fp32 tiles keep tf32x3, 16-bit operands and allow_tf32 keep tf32, and the
+    interpreter (CPU) always takes ieee."""
+    from falcon_lab.kernels.triton.common import _prec
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert _prec(torch.float32, False, cuda, 16, 64) == "ieee"
+    assert _prec(torch.float32, False, cuda, 64, 16) == "ieee"
+    assert _prec(torch.float32, False, cuda, 64, 64) == "tf32x3"
+    assert _prec(torch.float32, False, cuda) == "tf32x3"
+    assert _prec(torch.float32, True, cuda, 16, 16) == "tf32"
+    assert _prec(torch.bfloat16, False, cuda, 16, 16) == "tf32"
+    assert _prec(torch.float32, False, cpu, 64, 64) == "ieee"

@@ -36,8 +36,8 @@ What runs where (docs/kernels-triton.md):
   * packed sequences (cu_seqlens) for Falcon-1, -1A, -2, -2A and the Falcon-3A scans: the chunk kernels read the
     packed batch (VARLEN branches in chunk.py, percol.py, percol_delta.py, and in the window-1 fused prep, prep.py;
     Falcon-3A's pair stream packs each sequence's W-1 carried rows before its pairs), no padding to [N, T_max];
-    interpreter-tested against float64; on the H200 Falcon-2's varlen rows pass (PROVEN_VARLEN), the others
-    not yet run there, so on CUDA they pad unless FALCON_TRITON_UNPROVEN=1 (FALCON_TRITON_VARLEN=pad pads always);
+    interpreter-tested against float64 and proven on the H200 (2026-12-02, bf16 and fp32, C = 16 and 64;
+    FALCON_TRITON_VARLEN=pad pads as Falcon-3 and the banded 3A do);
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
 before triton is first imported (the tests start a subprocess for that).
 """
@@ -131,10 +131,11 @@ PROVEN_PREP = {"1", "1A", "2", "2A"}
 
 # Native packed sequences (chunk.py's VARLEN kernels, 2026-12-02): interpreter-tested against float64. The GPU
 # check's varlen-native rows (bf16 and fp32, C = 16 and 64, per-sequence states and final states, every gradient)
-# run the fused prep's packed branch as well, so passing them proves both. Falcon-2's four passed on the H200
-# (3e9d5f3, kernels_2026-12-02f/call1_3e9d5f3/check_f2/); the others' rows have not run there yet
-# (experiments/h200/NEXT.md), so on CUDA they pad unless FALCON_TRITON_UNPROVEN=1.
-PROVEN_VARLEN: set = {"2"}
+# run the fused prep's packed branch as well, so passing them proves both. On the H200 (torch 2.11, Triton 3.6):
+# Falcon-2's four rows passed at 3e9d5f3 (kernels_2026-12-02f/call1_3e9d5f3/check_f2/), and `bench check --variants
+# 1,1A,2A,3A --kinds varlen-native` exited 0 with 16 of 16 rows passing at ac9f58e (call4_ac9f58e/: that call's
+# row log did not come back, its exit code and counts did).
+PROVEN_VARLEN: set = {"1", "1A", "2", "2A", "3A"}
 
 
 def varlen_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") -> tuple[bool, str]:

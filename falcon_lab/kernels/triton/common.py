@@ -52,16 +52,24 @@ def _cfg(K: int, V: int):
     return BK, min(BV_state, _np2(V)), BV_out, min(BV_main, _np2(V)), warps_main
 
 
-def _prec(dtype: torch.dtype, allow_tf32: bool, device: torch.device) -> str:
+def _prec(dtype: torch.dtype, allow_tf32: bool, device: torch.device, K: int = 0, V: int = 0) -> str:
     """Dot precision for fp32 operands (16-bit operands ignore it). Default (ours): "tf32x3", the
     three-pass split-TF32 product on tensor cores, which keeps fp32-level accuracy; plain "ieee" FMA
     dots are available (FALCON_TRITON_FP32_DOT=ieee) but took minutes of ptxas time per kernel set on
-    the H200 (Triton 3.6). "tf32" only when asked (allow_tf32). The interpreter always uses "ieee"."""
+    the H200 (Triton 3.6). "tf32" only when asked (allow_tf32). The interpreter always uses "ieee".
+    Where K or V is <= 16 (ours): "ieee" instead of "tf32x3". On the H200 (Triton 3.6, 2026-12-02) the tf32x3
+    builds of that size went wrong where nothing else did: compute-sanitizer found a 256-byte shared-memory read
+    out of bounds in chunk.py's _bwd_main (the x·dH dot, fp32, K = V = 16, C = 64, Falcon-3 with its pseudo-tokens
+    read in place: an illegal memory access), the banded Falcon-3A's gradients at the same shape were 9 % off,
+    and both passed with "ieee" (benchmarks/results/h200_logs/kernels_2026-12-02f/). Small tiles compile fast."""
     if dtype != torch.float32:
         return "tf32"
     if allow_tf32:
         return "tf32"
     if device.type == "cpu":
+        return "ieee"
+    sizes = [d for d in (K, V) if d]
+    if FP32_DOT == "tf32x3" and sizes and min(sizes) <= 16:
         return "ieee"
     return FP32_DOT
 
@@ -135,8 +143,8 @@ def launch(q: torch.Tensor, V: int, C: int, allow_tf32: bool, T: int = 0) -> Lau
     """T: the rows the kernels run over, if not q's (Falcon-3's pseudo-tokens gathered in the kernels)."""
     B, Tq, H, K = q.shape
     T = T or Tq
-    return Launch(B, T, H, K, V, cdiv(T, C), *_cfg(K, V), _prec(q.dtype, allow_tf32, q.device), _stages(q.dtype),
-                  q.device)
+    prec = _prec(q.dtype, allow_tf32, q.device, K, V)
+    return Launch(B, T, H, K, V, cdiv(T, C), *_cfg(K, V), prec, _stages(q.dtype), q.device)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -377,7 +377,7 @@ def window_linear_forward(q, xw, vw, eta, g, S0, *, read_after, C, W, allow_tf32
     V = vw.shape[-1]
     NT = cdiv(T, C)
     BK, BV = _tiles(K, V)
-    prec = _prec(q.dtype, allow_tf32, q.device)
+    prec = _prec(q.dtype, allow_tf32, q.device, K, V)
     st = _stages(q.dtype)
     HS = torch.empty(B, H, NT, K, V, dtype=torch.float32, device=q.device)
     ST = _empty((B, H, K, V), torch.float32, q.device)
@@ -398,7 +398,7 @@ def window_linear_backward(q, xw, vw, eta, g, saved, dO, dST, *, read_after, C, 
     NT = cdiv(T, C)
     BK, BV = _tiles(K, V)
     dev = q.device
-    prec = _prec(q.dtype, allow_tf32, dev)
+    prec = _prec(q.dtype, allow_tf32, dev, K, V)
     st = _stages(q.dtype)
     f32 = torch.float32
     DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
