@@ -357,10 +357,13 @@ def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.conste
         Moff += tl.dot(alpha_do.to(dt), tl.trans(betaU), input_precision=PREC)
         dgr += alpha_do * tl.dot(Poff.to(dt), betaU, input_precision=PREC)
         tl.store(DGR + offa, dgr, mask=va)
-    # the diagonal block's columns a·16 + j' of M's rows: an exact selection (no dot, no rounding)
-    sel = tl.where(i[None, :] == a * 16 + j[:, None], 1., 0.)  # [16 (j'), C]
-    M = Moff + tl.sum(tl.where(causal, Mdiag, 0.)[:, :, None] * sel[None, :, :], 1)
-    tl.store(MM + ta[:, None] * C + i[None, :], M, mask=ma[:, None])
+    # M's rows of block a: the diagonal block's columns a·16 + j' from Mdiag, every other column from Moff (zero
+    # right of the diagonal), as two stores to disjoint columns. Not as sum(Mdiag[:, :, None] * sel[None, :, :], 1)
+    # with a 0/1 selection matrix: Triton's combiner rewrites a sum of two broadcast operands' product into a tt.dot
+    # at tf32, which rounded M to tf32 on the H200 (fp32 dq, dk 3.8e-4 off, 2026-12-02; tests/test_triton_lint.py).
+    offdiag = (i < a * 16) | (i >= a * 16 + 16)
+    tl.store(MM + ta[:, None] * C + i[None, :], Moff, mask=ma[:, None] & offdiag[None, :])
+    tl.store(MM + ta[:, None] * C + (a * 16 + j)[None, :], tl.where(causal, Mdiag, 0.), mask=ma[:, None])
 
 
 @triton.jit

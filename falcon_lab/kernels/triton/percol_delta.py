@@ -19,13 +19,12 @@ most of the backward reuse percol.py's kernels. New here (ours):
     the solve's own gradients (of the Gram, the decays, η, v and X S) in a parallel pass.
 Every exponent is a difference u_a - u_b with b <= a, so it is <= 0.
 
-Status: tested under the Triton interpreter against the float64 loop (tests/test_triton_interp.py);
-NOT proven on a GPU: off on CUDA unless FALCON_TRITON_UNPROVEN=1. On the H200 (2026-12-01/02, Triton 3.6)
-every bf16 row of the check passed except K = V = 128, C = 64 (with S0 and dS_T), which died with an
-illegal memory access: compute-sanitizer placed it in _pcd_bwd_state, an out-of-range shared/local address
-at Triton's default 4 warps (issue 15). That kernel is now launched with 8 warps like the other backward
-kernels (that row passed so), the candidate fix; prove it with
-`FALCON_TRITON_UNPROVEN=1 python -m falcon_lab.bench check --variants 2` alone on the GPU.
+Status: tested under the Triton interpreter against the float64 loop (tests/test_triton_interp.py) and proven
+on the H200 (2026-12-02, 3e9d5f3: all 29 rows of `bench check --variants 2`, bf16 and fp32, K = V = 16/64/128,
+every chunk size, the public op, CUDA-graph decode, native varlen; on by default). History (issue 15): at
+Triton's default 4 warps _pcd_bwd_state read an out-of-range shared/local address at K = V = 128, C = 64 bf16
+(compute-sanitizer), fixed by its 8-warp launch; its fp32 build at K = 16, C = 64 (wgmma n8) was 1e-4 off, fixed
+by fp32 value tiles >= 32.
 """
 
 from __future__ import annotations
