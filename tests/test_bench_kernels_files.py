@@ -45,3 +45,22 @@ def test_op_labels_name_their_variant():
     assert op_variant("sdpa_flash") is None and op_variant("fla_chunk_delta_rule") is None
     assert "falcon-3A-banded" in OPS  # timed beside the W-scan default in the same run
     assert flops_model("falcon-3A-banded", 2, 64, 3, 64, 64) == flops_model("falcon-3A", 2, 64, 3, 64, 64)
+
+
+def test_results_record_the_kernel_path_switches(monkeypatch):
+    """A timing file says which paths it timed: FALCON_TRITON_* (e.g. UNPROVEN=1, 2A=blocked) in every row and
+    above the Markdown table; other variables stay out."""
+    from falcon_lab.benchmarking.kernels import run_flags, summary
+
+    monkeypatch.setenv("FALCON_TRITON_UNPROVEN", "1")
+    monkeypatch.setenv("FALCON_TRITON_2A", "blocked")
+    monkeypatch.setenv("HOME_OF_SOMETHING_ELSE", "x")
+    flags = run_flags()
+    assert {"FALCON_TRITON_2A": "blocked", "FALCON_TRITON_UNPROVEN": "1"}.items() <= flags.items()
+    assert all(k.startswith("FALCON_TRITON") for k in flags)
+    row = dict(op="falcon-1", B=1, T=1, H=1, K=1, fwd_ms=1.0, fwdbwd_ms=2.0, peak_mem_mb=1.0, flags=flags)
+    text = summary([row])
+    assert text.splitlines()[0].startswith("Environment switches: ") and "FALCON_TRITON_2A=blocked" in text
+    assert "HOME_OF_SOMETHING_ELSE" not in text
+    assert summary([dict(row, flags={})]).splitlines()[0] == "Environment switches: none"
+    assert summary([{k: v for k, v in row.items() if k != "flags"}]).startswith("| op |")  # older files: no line

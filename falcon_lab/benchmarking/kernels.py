@@ -39,6 +39,12 @@ CHUNK = 64  # the ops' default chunk size
 from falcon_lab.kernels.spec import FalconSpec  # noqa: E402
 
 
+def run_flags() -> dict:
+    """The environment switches that choose kernel paths (FALCON_TRITON_*, e.g. FALCON_TRITON_UNPROVEN=1 or
+    FALCON_TRITON_2A=blocked), recorded with every result so that a file says which paths it timed."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("FALCON_TRITON")}
+
+
 def _commit():
     if os.environ.get("FALCON_COMMIT"):
         return os.environ["FALCON_COMMIT"]
@@ -321,7 +327,7 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                commit=_commit())
+                commit=_commit(), flags=run_flags())
     rows = []
     t0 = time.time()
     checked = {}
@@ -381,7 +387,10 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
 
 
 def summary(rows):
-    lines = ["| op | B×T×H×K | fwd ms | fwd+bwd ms | host ms to submit fwd+bwd | core fwd ms | core fwd+bwd ms | "
+    flags = rows[0].get("flags") if rows else None
+    head = [f"Environment switches: {', '.join(f'{k}={v}' for k, v in flags.items()) or 'none'}", ""] \
+        if flags is not None else []
+    lines = head + ["| op | B×T×H×K | fwd ms | fwd+bwd ms | host ms to submit fwd+bwd | core fwd ms | core fwd+bwd ms | "
              "peak MB | bandwidth floor frac fwd+bwd (op / core) | tensor-core peak frac fwd+bwd | bound | note |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
