@@ -25,6 +25,7 @@
 #   f2a_blocked  FALCON_TRITON_2A=blocked (Falcon-2A / -2 intra-chunk term by 16-row sub-blocks, tensor-core dots below
 #              the diagonal): `bench check --variants 2A,2` with it, then `bench kernels --ops falcon-1,falcon-2A,falcon-2`
 #              with and without it (one process each); all 2A rows pass and it is faster -> make it the default;
+#   sweep      `bench check --variants V` for each of the six, whole default sweeps, one process each;
 #   fla_warm   experiments/h200/fla_warm.py with TRITON_CACHE_AUTOTUNING=1 and TRITON_CACHE_DIR=$PWD/.tcache: fla's
 #              autotuning cached (the *.autotune.json files are packed) so the next call's default `bench kernels`
 #              fits its 10 minutes.
@@ -70,6 +71,13 @@ cstep prep 300 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --
 want f3gather && STEPS="$STEPS f3gather_check f3gather_time"
 want varlen && STEPS="$STEPS varlen_check varlen_time"
 want f2a_blocked && STEPS="$STEPS f2a_check f2a_time"
+# sweep: every variant's whole default check, one process per variant (with PROVE_PARALLEL=1 all at once): the
+# re-proof after a change to shared code (e.g. c69b041's "ieee" dots for fp32 tiles <= 16)
+want sweep && STEPS="$STEPS sweep_1 sweep_1A sweep_2A sweep_2 sweep_3 sweep_3A"
+for v in 1 1A 2A 2 3 3A; do
+  cstep "sweep_$v" 330 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants "$v" \
+    --out "$W/check_sweep_$v"
+done
 cstep f3gather_check 300 env FALCON_TRITON_3=gather FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
   --variants 3 --out "$W/check_f3gather"
 cstep varlen_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 1,1A,2A,2,3A \

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import inspect
 import json
 import os
@@ -100,6 +101,21 @@ def _record(tree: str, quick: bool):
     ft._INTERPRET = True  # lets `core` take CPU tensors; the kernels are JITFunctions (TRITON_INTERPRET unset)
     ft.interpreter_active = lambda: True  # the same for older trees, which read the environment at each call
     ft._UNPROVEN = True   # every kernel that exists, proven or not
+    # The dot precision as on the GPU: `_prec` gives CPU tensors "ieee" (the interpreter's), the GPU tf32x3 for fp32
+    # (and, since c69b041, "ieee" where K or V <= 16). Until 2026-12-02 (eighth session) the recorder let the CPU
+    # answer, so every fp32 build was fingerprinted at "ieee", not as the H200 compiled it.
+    for sub in ("common", "chunk", "percol", "percol_delta", "window_linear", "decode", "prep", "prep_window"):
+        try:
+            importlib.import_module(f"falcon_lab.kernels.triton.{sub}")
+        except ImportError:  # an older tree without it
+            pass
+    for mod in [m for n, m in list(sys.modules.items()) if n.startswith("falcon_lab.kernels.triton") and m]:
+        orig = getattr(mod, "_prec", None)
+        if orig is not None and not getattr(orig, "_as_gpu", False):
+            def as_gpu(dtype, allow_tf32, device, *rest, _orig=orig):
+                return _orig(dtype, allow_tf32, torch.device("cuda"), *rest)
+            as_gpu._as_gpu = True
+            mod._prec = as_gpu
     T, B, H = 100, 1, 2
     dts = {"bf16": torch.bfloat16, "fp32": torch.float32}
     Ks = (16, 128) if quick else (16, 64, 128)
