@@ -106,6 +106,11 @@ VARLEN += [dict(id=f"varlen-native-F{v}-{dt}-C{C}-{rd}", varlen=True, variant=v,
 VARLEN += [dict(id=f"varlen-native-F3A-{dt}-C{C}-{rd}", varlen=True, variant="3A", dtype=dt, C=C, read=rd,
                 shift=(rd == "after"), seed=80 + i)
            for i, (dt, C, rd) in enumerate([("float32", 16, "after"), ("float32", 32, "before"), ("float16", 64, "after")])]
+# Falcon-3 (window 4) on its host expansion of the packed pair stream: sequence s's pseudo-tokens from cu[s]·W
+VARLEN += [dict(id=f"varlen-native-F3-{dt}-C{C}-{rd}", varlen=True, variant="3", dtype=dt, C=C, read=rd,
+                shift=(rd == "after"), seed=90 + i)
+           for i, (dt, C, rd) in enumerate([("float32", 16, "after"), ("float32", 32, "before"),
+                                            ("float16", 64, "after")])]
 # the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the
 # fused prep kernels' packed branch
 VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dtype="float32", C=16, prep="torch",

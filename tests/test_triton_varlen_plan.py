@@ -37,14 +37,20 @@ def test_which_calls_run_natively():
     one, two_a, three, three_a = (FalconSpec.from_variant(v) for v in ("1", "2A", "3", "3A"))
     assert varlen_check(one, window=1, device_type="cpu")[0] and varlen_check(two_a, window=1, device_type="cpu")[0]
     assert varlen_check(three_a, window=4, device_type="cpu")[0]  # the W scans
-    ok, why = varlen_check(three, window=4, device_type="cpu")  # pseudo-tokens: padded
-    assert not ok and "Falcon-3's pseudo-tokens" in why, why
+    assert varlen_check(three, window=4, device_type="cpu")[0]  # its host expansion, packed
     banded, kt._FALCON_3A = kt._FALCON_3A, "banded"
     try:
         ok, why = varlen_check(three_a, window=4, device_type="cpu")
         assert not ok and "banded" in why, why
+        assert varlen_check(three, window=4, device_type="cpu")[0]  # the 3A switch is not Falcon-3's
     finally:
         kt._FALCON_3A = banded
+    in_place, kt._FALCON_3 = kt._FALCON_3, "gather"
+    try:
+        ok, why = varlen_check(three, window=4, device_type="cpu")  # pseudo-tokens read in place: padded
+        assert not ok and "in place" in why, why
+    finally:
+        kt._FALCON_3 = in_place
     ok, why = varlen_check(one, window=1, device_type="cuda")
     assert ok == ("1" in PROVEN_VARLEN), why  # on CUDA only once proven there (or FALCON_TRITON_UNPROVEN=1)
     if not ok:

@@ -1,6 +1,6 @@
 """Packed sequences on the GPU: native (the chunk kernels read cu_seqlens) against padded (gathered into [N, T_max]
-rows first, the default before 2026-12-02), Falcon-1, -1A, -2A and -3A (W = 4), bf16, forward+backward of the public op,
-one process.
+rows first, the default before 2026-12-02), Falcon-1, -1A, -2A, -3A and -3 (W = 4), bf16, forward+backward of the
+public op, one process.
 
     FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/varlen_bench.py --out DIR
 
@@ -33,7 +33,7 @@ def doc_lengths(total: int, seed: int = 0, mu: float = math.log(600), sigma: flo
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="varlen_bench")
-    ap.add_argument("--variants", default="1,1A,2A,3A")
+    ap.add_argument("--variants", default="1,1A,2A,3A,3")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU under TRITON_INTERPRET=1, tiny sizes, wall-clock timing: checks the script, times nothing")
     a = ap.parse_args(argv)

@@ -390,7 +390,8 @@ def summary(rows):
     flags = rows[0].get("flags") if rows else None
     head = [f"Environment switches: {', '.join(f'{k}={v}' for k, v in flags.items()) or 'none'}", ""] \
         if flags is not None else []
-    lines = head + ["| op | B×T×H×K | fwd ms | fwd+bwd ms | host ms to submit fwd+bwd | core fwd ms | core fwd+bwd ms | "
+    lines = head + [
+             "| op | B×T×H×K | fwd ms | fwd+bwd ms | host ms to submit fwd+bwd | core fwd ms | core fwd+bwd ms | "
              "peak MB | bandwidth floor frac fwd+bwd (op / core) | tensor-core peak frac fwd+bwd | bound | note |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

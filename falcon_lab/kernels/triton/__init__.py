@@ -33,11 +33,12 @@ What runs where (docs/kernels-triton.md):
     decode and native varlen). Before that its bf16 backward crashed at K = V = 128, C = 64 (issue 15: an
     out-of-range shared/local address in _pcd_bwd_state at 4 warps; now 8 warps) and its fp32 row K = V = 16,
     C = 64 was wrong in every gradient _pcd_bwd_state feeds (now fp32 value tiles >= 32);
-  * packed sequences (cu_seqlens) for Falcon-1, -1A, -2, -2A and the Falcon-3A scans: the chunk kernels read the
-    packed batch (VARLEN branches in chunk.py, percol.py, percol_delta.py, and in the window-1 fused prep, prep.py;
-    Falcon-3A's pair stream packs each sequence's W-1 carried rows before its pairs), no padding to [N, T_max];
-    interpreter-tested against float64 and proven on the H200 (2026-12-02, bf16 and fp32, C = 16 and 64;
-    FALCON_TRITON_VARLEN=pad pads as Falcon-3 and the banded 3A do);
+  * packed sequences (cu_seqlens) for Falcon-1, -1A, -2, -2A, the Falcon-3A scans and Falcon-3's expansion: the chunk
+    kernels read the packed batch (VARLEN branches in chunk.py, percol.py, percol_delta.py, and in the window-1 fused
+    prep, prep.py; windowed variants' pair stream packs each sequence's W-1 carried rows before its pairs; Falcon-3's
+    pseudo-tokens of sequence s start at cu[s]·W), no padding to [N, T_max]; interpreter-tested against float64 and,
+    except Falcon-3's (since 2026-12-02, eighth session), proven on the H200 (bf16 and fp32, C = 16 and 64);
+    FALCON_TRITON_VARLEN=pad pads as Falcon-3 in place and the banded 3A do;
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
 before triton is first imported (the tests start a subprocess for that).
 """
@@ -142,9 +143,9 @@ def varlen_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") ->
     """(whether a Triton-backend call with cu_seqlens runs the packed batch natively, why); else it is padded."""
     if _VARLEN != "native":
         return False, "FALCON_TRITON_VARLEN=pad"
-    if spec.window(window) != 1 and spec.delta:
-        return False, f"native packed sequences run without Falcon-3's pseudo-tokens (1, 1A, 2, 2A, 3A), not {spec.label}"
-    if spec.window(window) != 1 and _FALCON_3A != "scans":
+    if spec.window(window) != 1 and spec.delta and _FALCON_3 != "expand":
+        return False, "native packed sequences run Falcon-3 on its host expansion, not in place (FALCON_TRITON_3)"
+    if spec.window(window) != 1 and not spec.delta and _FALCON_3A != "scans":
         return False, "native packed sequences run Falcon-3A as W scans, not the banded kernel (FALCON_TRITON_3A)"
     if device_type == "cuda" and not (spec.variant in PROVEN_VARLEN or _unproven_enabled()):
         return False, (f"the native packed-sequence kernels of {spec.label} are not proven on the H200 "
@@ -203,10 +204,10 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
          fused_window: Optional[bool] = None, cu_seqlens: Optional[torch.Tensor] = None):
     """The Falcon core on Triton (shapes and semantics in docs/kernel-contract.md).
 
-    cu_seqlens ([N+1] token offsets; B = 1; window 1, or Falcon-3A's W scans with xw / vw the packed pair stream of
-    T + N (W - 1) rows, each sequence's W - 1 carried rows before its pairs): the packed sequences run natively, each
-    from its
-    own S0 row (S0 and the returned S_T are [N, H, K, V]); no padding.
+    cu_seqlens ([N+1] token offsets; B = 1; window 1, or window W > 1 (Falcon-3A's W scans, Falcon-3's expansion)
+    with xw / vw the packed pair stream of T + N (W - 1) rows, each sequence's W - 1 carried rows before its pairs):
+    the packed sequences run natively, each from its own S0 row (S0 and the returned S_T are [N, H, K, V]); no
+    padding.
 
     fused_window: the window inside the kernels: Falcon-3A (window > 1, no delta) in one banded scan (True) or as W
     Falcon-1A scans (False), None following FALCON_TRITON_3A (default "scans", the path proven on the H200);
@@ -248,10 +249,10 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     if per_column and W > 1:
         raise NotImplementedError(f"backend='triton' has no chunk kernel for per-column gates with window={W}; "
                                   "use backend='torch'")
-    if cu_seqlens is not None and ((W != 1 and (delta or fused_window)) or B != 1):
+    if cu_seqlens is not None and ((W != 1 and fused_window) or B != 1):
         raise NotImplementedError("backend='triton' runs packed sequences (cu_seqlens) natively with B = 1 for "
-                                  f"Falcon-1, -1A, -2, -2A and the Falcon-3A scans, got window={W}, delta={delta}, "
-                                  f"fused_window={fused_window}, B={B}")
+                                  "Falcon-1, -1A, -2, -2A, the Falcon-3A scans and Falcon-3's expansion, got "
+                                  f"window={W}, delta={delta}, fused_window={fused_window}, B={B}")
     spec = FalconSpec.from_flags(delta=delta, per_column=per_column, windowed=W > 1)
     ok, why = check(spec, window=W, T=T, grad=grad, device_type=q.device.type)
     if not ok:
@@ -271,11 +272,15 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
         return chunk_core(q, xw, vw, eta, g, S0, "scalar", (delta, read_after, chunk_size, 0, tf32, False, 1, 0),
                           cu_seqlens)
     if delta:  # Falcon-3: pseudo-token (t, m) = pair xw[t + W-1-m]; decay on m = 0; groups of W
-        if fused_window if fused_window is not None else _FALCON_3 == "gather":
+        if cu_seqlens is None and (fused_window if fused_window is not None else _FALCON_3 == "gather"):
             # the kernels read the pseudo-tokens in place (no expansion on the host; chunk.py _rows_w)
             return chunk_core(q, xw, vw, eta, g, S0, "scalar", (True, read_after, chunk_size, 0, tf32, False, W, 1))
-        qe, xe, ve, ee, ge = _expand_window(q, xw, vw, eta, g, W)
-        o_e, s = chunk_core(qe, xe, ve, ee, ge, S0, "scalar", (True, read_after, chunk_size, 0, tf32, False, W, 0))
+        qe, xe, ve, ee, ge = _expand_window(q, xw, vw, eta, g, W, cu_seqlens)
+        # packed: sequence s's T_s steps are its T_s·W pseudo-tokens, from cu[s]·W (a multiple of W, so the chunks of
+        # each sequence start on a group boundary: C is a multiple of W)
+        cu_e = cu_seqlens * W if cu_seqlens is not None else None
+        o_e, s = chunk_core(qe, xe, ve, ee, ge, S0, "scalar", (True, read_after, chunk_size, 0, tf32, False, W, 0),
+                            cu_e)
         return o_e.view(B, T, W, H, V)[:, :, 0], s
     if cu_seqlens is None and (fused_window if fused_window is not None else _FALCON_3A == "banded"):
         C = window_chunk_for(q.shape[-1], chunk_size)  # K = 128, C = 64 failed on the H200 (window_linear.py)
@@ -290,13 +295,22 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     return o_sum.to(q.dtype), s_sum
 
 
-def _expand_window(q, xw, vw, eta, g, W: int):
+def _expand_window(q, xw, vw, eta, g, W: int, cu_seqlens: Optional[torch.Tensor] = None):
     """Falcon-3 as a WY recurrence over T·W pseudo-tokens (falcon-math.md §6.6): pseudo-token (t, m)
     carries the pair xw[t + W-1-m] with step η_t; log γ_t sits on m = 0 only, so the decay prefix is
-    constant inside a group; the kernels' GROUP = W masks make the groups block-strict (Jacobi)."""
+    constant inside a group; the kernels' GROUP = W masks make the groups block-strict (Jacobi).
+    cu_seqlens (B = 1): xw / vw are the packed pair stream (each sequence's W-1 carried rows before its pairs), so
+    token t of sequence s has its pair at row t + (s + 1)(W-1) (ours; as kernels/prep.py packs it)."""
     B, T, H, K = q.shape
-    xs = torch.stack([xw[:, W - 1 - m: W - 1 - m + T] for m in range(W)], dim=2)
-    vs = torch.stack([vw[:, W - 1 - m: W - 1 - m + T] for m in range(W)], dim=2)
+    if cu_seqlens is None:
+        xs = torch.stack([xw[:, W - 1 - m: W - 1 - m + T] for m in range(W)], dim=2)
+        vs = torch.stack([vw[:, W - 1 - m: W - 1 - m + T] for m in range(W)], dim=2)
+    else:
+        t = torch.arange(T, device=q.device)
+        seq = torch.searchsorted(cu_seqlens[1:].to(q.device), t, right=True)
+        pair = t + (seq + 1) * (W - 1)  # [T]: token t's own pair row
+        rows = pair[:, None] - torch.arange(W, device=q.device)[None, :]  # [T, W]: pseudo-token (t, m)'s pair
+        xs, vs = xw[:, rows], vw[:, rows]
     qe = q[:, :, None].expand(B, T, W, H, K)
     ee = eta[:, :, None].expand(B, T, W, H)
     ge = torch.cat([g[:, :, None], g.new_zeros(B, T, W - 1, H)], dim=2)

@@ -627,13 +627,14 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
                   out_dtype=None, group=1, gather=False, cu_seqlens=None):
     """gather (Falcon-3, group = W > 1, ours): q, eta, g are the T steps and x, v the T + W - 1 pairs (no pseudo-token
     expansion on the host): the kernels run over the T·W pseudo-tokens reading them in place; O has the T steps.
-    cu_seqlens (B = 1, group 1): the packed sequences run natively (no padding; S0 and S_T have one row per
+    cu_seqlens (B = 1, not with gather): the packed sequences run natively (no padding; S0 and S_T have one row per
     sequence; the per-chunk states of head h sit in NT = common.varlen_chunks slots); x and v are the packed pair
-    stream, each sequence's (x.shape[1] - T) / N carried rows (W - 1, for Falcon-3A's scans) before its pairs."""
+    stream, each sequence's (x.shape[1] - T) / N carried rows (W - 1, for Falcon-3A's scans; none for Falcon-3's
+    expansion, whose cu_seqlens count pseudo-tokens) before its pairs."""
     Ts = q.shape[1]
     B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
                                                                   Ts * group if gather else 0)
-    va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group, xoff)
+    va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group if gather else 1, xoff)
     XT = x.shape[1] if cu_seqlens is None else (x.shape[1] - T) // NS  # packed: each sequence's carried pair rows
     f32 = torch.float32
     if delta:
@@ -664,7 +665,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     Ts = q.shape[1]
     B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
                                                                      Ts * group if gather else 0)
-    va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group, xoff)
+    va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group if gather else 1, xoff)
     XT = x.shape[1] if cu_seqlens is None else (x.shape[1] - T) // NS  # packed: each sequence's carried pair rows
     f32 = torch.float32
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)

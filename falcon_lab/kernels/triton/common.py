@@ -134,7 +134,8 @@ def varlen_args(cu_seqlens, q, T: int, C: int, NT: int, B: int, group: int = 1, 
     if cu_seqlens is None:
         return (q, q, q, False), NT, B
     if group != 1 or B != 1:
-        raise ValueError("packed sequences (cu_seqlens) run on a batch of 1 (B = 1), without Falcon-3's pseudo-tokens")
+        raise ValueError("packed sequences (cu_seqlens) run on a batch of 1 (B = 1), without Falcon-3's pseudo-tokens "
+                         "read in place (its host expansion packs them)")
     vl = varlen(cu_seqlens, T, C)
     return (vl.cu, vl.cidx, vl.coff, True), vl.NT, vl.N
 
