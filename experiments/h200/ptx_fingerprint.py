@@ -132,7 +132,7 @@ def _record(tree: str, quick: bool):
     if "cu_seqlens" in inspect.signature(ft.core).parameters:  # packed sequences in the kernels (since 2026-12-02)
         variants += [(f"{v}-varlen", d, pc, w, "varlen") for v, d, pc, w in (("1", 1, 0, 1), ("1A", 0, 0, 1),
                                                                              ("2", 1, 1, 1), ("2A", 0, 1, 1),
-                                                                             ("3A", 0, 0, 4))]
+                                                                             ("3A", 0, 0, 4), ("3", 1, 0, 4))]
     skipped = set()
     for dn, dt in dts.items():
         for K in Ks:
