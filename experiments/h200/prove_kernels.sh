@@ -80,7 +80,7 @@ for v in 1 1A 2A 2 3 3A; do
 done
 cstep f3gather_check 300 env FALCON_TRITON_3=gather FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
   --variants 3 --out "$W/check_f3gather"
-cstep varlen_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 1,1A,2A,2,3A \
+cstep varlen_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 1,1A,2A,2,3A,3 \
   --kinds varlen-native --out "$W/check_varlen"
 cstep f2a_check 300 env FALCON_TRITON_2A=blocked FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
   --variants 2A,2 --quick --out "$W/check_2a_blocked"
