@@ -167,3 +167,22 @@ def test_fp32_dot_precision_small_tiles_use_ieee_on_gpu():
     assert _prec(torch.float32, True, cuda, 16, 16) == "tf32"
     assert _prec(torch.bfloat16, False, cuda, 16, 16) == "tf32"
     assert _prec(torch.float32, False, cpu, 64, 64) == "ieee"
+
+
+def test_state_pass_value_tile_switch(monkeypatch):
+    """FALCON_TRITON_STATE_BV (opt-in): unset keeps _cfg's tile; a number sets it (capped at V's tile); "auto" halves
+    it while the state pass would have fewer than STATE_PROGRAMS programs, not below 16 (32 in fp32)."""
+    from falcon_lab.kernels.triton import common
+
+    monkeypatch.setattr(common, "STATE_BV", "")
+    assert common.state_bv(32, 128, 6, torch.bfloat16) == 32
+    monkeypatch.setattr(common, "STATE_BV", "16")
+    assert common.state_bv(32, 128, 6, torch.bfloat16) == 16 and common.state_bv(64, 16, 6, torch.bfloat16) == 16
+    monkeypatch.setattr(common, "STATE_BV", "auto")
+    assert common.state_bv(32, 128, 6, torch.bfloat16) == 16      # (1, 32768, 6, 128): 24 programs -> 48
+    assert common.state_bv(32, 128, 6, torch.float32) == 32       # fp32 keeps value tiles >= 32
+    assert common.state_bv(64, 64, 48, torch.bfloat16) == 16      # (4, 8192, 12, 64): 48 -> 192
+    assert common.state_bv(64, 64, 192 * 2, torch.bfloat16) == 64  # enough programs already
+    monkeypatch.setattr(common, "STATE_BV", "24")
+    with pytest.raises(ValueError, match="FALCON_TRITON_STATE_BV"):
+        common.state_bv(32, 128, 6, torch.bfloat16)

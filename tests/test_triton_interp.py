@@ -64,6 +64,11 @@ CASES.append(_c("F2A-before-C32-V20", delta=False, per_col=True, after=False, C=
 CASES.append(_c("F2A-C64-strong-decay-no-S0-no-dST", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
                 strong=True, s0=False, no_dst=True, seed=15))
 CASES.append(_c("F2A-fp16", delta=False, per_col=True, dtype="float16", seed=16))
+# the state passes with value tiles of 16 (FALCON_TRITON_STATE_BV, opt-in): three value blocks (V = 48)
+CASES.append(_c("F1-state-bv16", delta=True, K=32, V=48, T=40, B=1, H=1, seed=17, state_bv="16"))
+CASES.append(_c("F1A-state-bv16-before-C32", delta=False, K=32, V=48, T=40, B=1, H=1, C=32, after=False, seed=18,
+                state_bv="16"))
+CASES.append(_c("F3-state-bv16", delta=True, W=2, K=16, V=48, T=20, B=1, H=1, seed=20, state_bv="16"))
 # Falcon-2A / -2 with the intra-chunk term by 16-row sub-blocks (FALCON_TRITON_2A=blocked; C = 16 is one block)
 CASES.append(_c("F2A-blocked-C64-V48", delta=False, per_col=True, C=64, T=70, B=1, V=48, seed=13, intra="blocked"))
 CASES.append(_c("F2A-blocked-before-C32-strong-decay", delta=False, per_col=True, after=False, C=32, T=45, B=1, K=16,

@@ -158,6 +158,7 @@ def recompute_case(c):
 if __name__ == "__main__":
     import falcon_lab.kernels.triton as kt
 
+    import falcon_lab.kernels.triton.common as kcommon
     import falcon_lab.kernels.triton.percol as kpercol
 
     cases = json.loads(sys.argv[1])
@@ -165,6 +166,7 @@ if __name__ == "__main__":
     for c in cases:
         kt._FALCON_3A = "banded" if c.get("banded") else default_3a  # what FALCON_TRITON_3A=banded sets
         kpercol.INTRA = c.get("intra", "exact")  # what FALCON_TRITON_2A=blocked sets
+        kcommon.STATE_BV = c.get("state_bv", "")  # what FALCON_TRITON_STATE_BV sets
         try:
             if c.get("recompute"):
                 res = recompute_case(c)

@@ -26,6 +26,9 @@
 #              the diagonal): `bench check --variants 2A,2` with it, then `bench kernels --ops falcon-1,falcon-2A,falcon-2`
 #              with and without it (one process each); all 2A rows pass and it is faster -> make it the default;
 #   sweep      `bench check --variants V` for each of the six, whole default sweeps, one process each;
+#   statebv    FALCON_TRITON_STATE_BV=auto (smaller value tiles in the state passes where they run few programs):
+#              `bench check --quick` of 1, 1A, 3A, 3 with it, then `bench kernels` of falcon-1, -1A, -3A without and
+#              with it (one process each): faster at (4, 8192, 12, 64) and (1, 32768, 6, 128) -> make it the default;
 #   fla_warm   experiments/h200/fla_warm.py with TRITON_CACHE_AUTOTUNING=1 and TRITON_CACHE_DIR=$PWD/.tcache: fla's
 #              autotuning cached (the *.autotune.json files are packed) so the next call's default `bench kernels`
 #              fits its 10 minutes.
@@ -78,6 +81,9 @@ for v in 1 1A 2A 2 3 3A; do
   cstep "sweep_$v" 330 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants "$v" \
     --out "$W/check_sweep_$v"
 done
+want statebv && STEPS="$STEPS statebv_check statebv_time"
+cstep statebv_check 300 env FALCON_TRITON_STATE_BV=auto FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
+  --variants 1,1A,3A,3 --quick --out "$W/check_statebv"
 cstep f3gather_check 300 env FALCON_TRITON_3=gather FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
   --variants 3 --out "$W/check_f3gather"
 cstep varlen_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 1,1A,2A,2,3A,3 \
@@ -90,6 +96,8 @@ step kernels 480 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernel
   --ops falcon-1,falcon-1A,falcon-2,falcon-3,falcon-3A,falcon-3A-banded,falcon-2A,sdpa_flash
 step f2a_time 240 bash -c "for m in exact blocked; do FALCON_TRITON_2A=\$m FALCON_TRITON_UNPROVEN=1 python3 -m \
   falcon_lab.bench kernels --ops \${F2A_OPS:-falcon-1,falcon-2A,falcon-2} --out $W/kernels_2a_\$m; done"
+step statebv_time 240 bash -c "for m in default auto; do FALCON_TRITON_STATE_BV=\$([ \$m = auto ] && echo auto) \
+  python3 -m falcon_lab.bench kernels --ops falcon-1,falcon-1A,falcon-3A --out $W/kernels_statebv_\$m; done"
 step varlen_time 150 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/varlen_bench.py --out "$W/varlen_bench"
 step f3gather_time 200 bash -c "for m in expand gather; do FALCON_TRITON_3=\$m python3 -m falcon_lab.bench \
   kernels --ops falcon-3,falcon-1 --out $W/kernels_f3_\$m; done"

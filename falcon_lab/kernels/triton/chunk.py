@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _state_init,  # noqa: F401
-                     _state_put, _state_tile, _varlen_chunk, _varlen_seq, cdiv, launch, varlen_args)
+                     _state_put, _state_tile, _varlen_chunk, _varlen_seq, cdiv, launch, state_bv, varlen_args)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -635,6 +635,7 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
     B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
                                                                   Ts * group if gather else 0)
     va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group if gather else 1, xoff)
+    BVs = state_bv(BVs, V, NS * H, q.dtype)
     XT = x.shape[1] if cu_seqlens is None else (x.shape[1] - T) // NS  # packed: each sequence's carried pair rows
     f32 = torch.float32
     if delta:
@@ -666,6 +667,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
                                                                      Ts * group if gather else 0)
     va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group if gather else 1, xoff)
+    BVs = state_bv(BVs, V, NS * H, q.dtype)
     XT = x.shape[1] if cu_seqlens is None else (x.shape[1] - T) // NS  # packed: each sequence's carried pair rows
     f32 = torch.float32
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
