@@ -22,11 +22,13 @@ What runs where (docs/kernels-triton.md):
     of a step uses S_{t-1}). Proven on the H200 (W = 4, bf16 and fp32, fwd+bwd, through the op). Opt-in
     (FALCON_TRITON_3=gather / core(fused_window=True)): the kernels read the pseudo-tokens in place from q, η, log γ
     and the pair stream, so the host makes no W-fold copies of the inputs, the output or their gradients
-    (interpreter-tested against float64, not yet run on a GPU);
+    (interpreter-tested against float64; on the H200 -15 % peak memory, but its fp32 K = V = 16 row read shared
+    memory out of bounds under tf32x3 dots, fixed by "ieee" at that size and not yet rerun; still opt-in);
   * per-column gates, linear (Falcon-2A): percol.py, exact [C, C, 4]-column broadcast for the
     intra-chunk decays. Proven on the H200 (bf16 and fp32, fwd+bwd, through the op). Opt-in
     (FALCON_TRITON_2A=blocked, also for Falcon-2): 16-row sub-blocks, the blocks below the diagonal as tensor-core
-    dots (interpreter-tested, not yet run on a GPU);
+    dots (interpreter-tested; on the H200 0.8x the exact path's time, but wrong in fp32 until 02cafd4's fix, not yet
+    rerun; still opt-in);
   * per-column gates with delta (Falcon-2): percol_delta.py, per-column forward/backward substitution
     in the state passes, the rest shared with Falcon-2A. Proven on the H200 (2026-12-02, 3e9d5f3: all 29 rows of
     `bench check --variants 2`, bf16 and fp32, K = V = 16/64/128, every chunk size, the public op, CUDA-graph
