@@ -48,12 +48,12 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("falcon_lab.bench needs a CUDA GPU (the Triton kernels are checked on CPU by tests/test_triton_*.py)")
     if a.cmd == "kernels":
-        from falcon_lab.benchmarking.kernels import OPS, SHAPES, run
+        from falcon_lab.benchmarking.kernels import EXTRA_OPS, OPS, SHAPES, run
 
         ops = a.ops.split(",") if a.ops else OPS
-        bad = [o for o in ops if o not in OPS]
+        bad = [o for o in ops if o not in OPS + EXTRA_OPS]
         if bad:
-            sys.exit(f"--ops: unknown op(s) {bad}; choose from {OPS}")
+            sys.exit(f"--ops: unknown op(s) {bad}; choose from {OPS + EXTRA_OPS}")
         run(a.out, ops=ops, shapes=SHAPES[:1] if a.quick else SHAPES, profile=a.profile)
     else:
         from falcon_lab.benchmarking.gpu_check import main as check

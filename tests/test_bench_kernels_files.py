@@ -64,3 +64,18 @@ def test_results_record_the_kernel_path_switches(monkeypatch):
     assert "HOME_OF_SOMETHING_ELSE" not in text
     assert summary([dict(row, flags={})]).splitlines()[0] == "Environment switches: none"
     assert summary([{k: v for k, v in row.items() if k != "flags"}]).startswith("| op |")  # older files: no line
+
+
+def test_extra_ops_run_only_when_named():
+    """torch_chunk_falcon-2 / -2A (the PyTorch chunk forms the Triton kernels replaced on CUDA) are timed only when
+    --ops names them; a run with them is partial, and they compute what the recurrence does (CPU, float64)."""
+    import torch
+
+    from falcon_lab.benchmarking.kernels import EXTRA_OPS, OPS, SHAPES, make_fn, make_inputs, reference, result_stem
+
+    assert not set(EXTRA_OPS) & set(OPS)
+    assert result_stem(OPS + EXTRA_OPS, SHAPES) == "kernels_h200_partial"
+    for op in EXTRA_OPS:
+        ins = [t.double() for t in make_inputs(op, 1, 40, 2, 16, 16, dtype=torch.float64, dev="cpu")]
+        out = make_fn(op)(*ins)
+        assert torch.allclose(out, reference(op, ins), atol=1e-9), op

@@ -29,6 +29,8 @@
 #   statebv    FALCON_TRITON_STATE_BV=auto (smaller value tiles in the state passes where they run few programs):
 #              `bench check --quick` of 1, 1A, 3A, 3 with it, then `bench kernels` of falcon-1, -1A, -3A without and
 #              with it (one process each): faster at (4, 8192, 12, 64) and (1, 32768, 6, 128) -> make it the default;
+#   f2torch    `bench kernels --quick` of Falcon-2 and -2A against the PyTorch chunk forms the Triton kernels replaced
+#              as the CUDA default (Falcon-2 since 2026-12-02), one process;
 #   fla_warm   experiments/h200/fla_warm.py with TRITON_CACHE_AUTOTUNING=1 and TRITON_CACHE_DIR=$PWD/.tcache: fla's
 #              autotuning cached (the *.autotune.json files are packed) so the next call's default `bench kernels`
 #              fits its 10 minutes.
@@ -101,6 +103,8 @@ step statebv_time 240 bash -c "for m in default auto; do FALCON_TRITON_STATE_BV=
 step varlen_time 150 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/varlen_bench.py --out "$W/varlen_bench"
 step f3gather_time 200 bash -c "for m in expand gather; do FALCON_TRITON_3=\$m python3 -m falcon_lab.bench \
   kernels --ops falcon-3,falcon-1 --out $W/kernels_f3_\$m; done"
+step f2torch 150 env python3 -m falcon_lab.bench kernels --quick --out "$W/kernels_f2torch" \
+  --ops falcon-2,torch_chunk_falcon-2,falcon-2A,torch_chunk_falcon-2A
 step host 240 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/host_bound.py --out "$W/host_bound"
 step fla_warm 420 env TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" python3 experiments/h200/fla_warm.py
 case " $STEPS " in *" fla_warm "*) find .tcache -name "*.autotune.json" 2>/dev/null | tar czf "$W/fla_autotune.tgz" -T - ;;

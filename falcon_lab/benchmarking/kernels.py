@@ -28,6 +28,9 @@ SHAPES = [(16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 
 FALCON = ["falcon-1", "falcon-2", "falcon-3", "falcon-1A", "falcon-2A", "falcon-3A"]
 # falcon-3A-banded: Falcon-3A's one-scan kernel (window_linear.py, opt-in until proven), beside the W-scan default
 OPS = FALCON + ["falcon-3A-banded", "fla_chunk_delta_rule", "sdpa_flash", "torch_chunk_falcon-1"]
+# Timed only when named (--ops), never part of the full default run: the PyTorch chunk forms that the Triton kernels
+# replaced as the CUDA default (Falcon-2 since 2026-12-02), for a same-run ratio.
+EXTRA_OPS = ["torch_chunk_falcon-2", "torch_chunk_falcon-2A"]
 # the ops `--profile` traces at the first shape (torch.profiler table + chrome trace each)
 PROFILED = ("falcon-1", "falcon-1A", "falcon-2A", "falcon-3", "falcon-3A-banded", "fla_chunk_delta_rule")
 HBM_BPS = 4.8e12  # H200 datasheet
