@@ -103,7 +103,7 @@ step statebv_time 240 bash -c "for m in default auto; do FALCON_TRITON_STATE_BV=
 step varlen_time 150 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/varlen_bench.py --out "$W/varlen_bench"
 step f3gather_time 200 bash -c "for m in expand gather; do FALCON_TRITON_3=\$m python3 -m falcon_lab.bench \
   kernels --ops falcon-3,falcon-1 --out $W/kernels_f3_\$m; done"
-step f2torch 150 env python3 -m falcon_lab.bench kernels --quick --out "$W/kernels_f2torch" \
+step f2torch 150 python3 -m falcon_lab.bench kernels --quick --out "$W/kernels_f2torch" \
   --ops falcon-2,torch_chunk_falcon-2,falcon-2A,torch_chunk_falcon-2A
 step host 240 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/host_bound.py --out "$W/host_bound"
 step fla_warm 420 env TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" python3 experiments/h200/fla_warm.py

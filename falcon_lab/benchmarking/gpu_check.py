@@ -288,10 +288,12 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
+    from falcon_lab.benchmarking.kernels import run_flags
+
     def write():
         meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                     commit=os.environ.get("FALCON_COMMIT", "unknown"), poisoned_outputs=True,
-                    flags={k: v for k, v in sorted(os.environ.items()) if k.startswith("FALCON_TRITON")},
+                    flags=run_flags(),
                     falcon_3a=kt._FALCON_3A,  # which Falcon-3A path the core rows ran (FALCON_TRITON_3A)
                     context_poisoned_by=poisoned[0] if poisoned else None,
                     tolerances={k: {"forward": a, "gradients": b} for k, (a, b) in TOL.items()},
