@@ -1,5 +1,7 @@
 """One encoding of a variant (FalconSpec) and one dispatch decision (dispatch.select), used by the op
 and by the mixers' "which backend ran" label; fla's names for the op's three entry points."""
+import os
+
 import pytest
 import torch
 
@@ -170,11 +172,13 @@ def test_fp32_dot_precision_small_tiles_use_ieee_on_gpu():
 
 
 def test_state_pass_value_tile_switch(monkeypatch):
-    """FALCON_TRITON_STATE_BV (opt-in): unset keeps _cfg's tile; a number sets it (capped at V's tile); "auto" halves
-    it while the state pass would have fewer than STATE_PROGRAMS programs, not below 16 (32 in fp32)."""
+    """FALCON_TRITON_STATE_BV: "off" keeps _cfg's tile; a number sets it (capped at V's tile); "auto" (the default)
+    halves it while the state pass would have fewer than STATE_PROGRAMS programs, not below 16 (32 in fp32)."""
     from falcon_lab.kernels.triton import common
 
-    monkeypatch.setattr(common, "STATE_BV", "")
+    if "FALCON_TRITON_STATE_BV" not in os.environ:
+        assert common.STATE_BV == "auto"
+    monkeypatch.setattr(common, "STATE_BV", "off")
     assert common.state_bv(32, 128, 6, torch.bfloat16) == 32
     monkeypatch.setattr(common, "STATE_BV", "16")
     assert common.state_bv(32, 128, 6, torch.bfloat16) == 16 and common.state_bv(64, 16, 6, torch.bfloat16) == 16

@@ -92,8 +92,25 @@ cstep varlen_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench 
   --kinds varlen-native --out "$W/check_varlen"
 cstep f2a_check 300 env FALCON_TRITON_2A=blocked FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
   --variants 2A,2 --quick --out "$W/check_2a_blocked"
+# The ninth session's call 2 (2026-12-03): what the whole sweeps of call 1 did not reach within their cap
+cstep f3varlen 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 3 --kinds varlen-native \
+  --out "$W/check_f3varlen"
+cstep varlen3a 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 3A --kinds varlen-native \
+  --out "$W/check_varlen3a"
+# Falcon-3A's public-op rows padded, so that its fused windowed prep (prep_window.py) prepares them (the packed path
+# uses the PyTorch prep): the proof PROVEN_PREP "3A" waits for
+cstep prep3a 240 env FALCON_TRITON_VARLEN=pad FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
+  --variants 3A --kinds api-varlen-continuation --out "$W/check_prep3a"
+cstep banded_api 240 env FALCON_TRITON_3A=banded FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
+  --variants 3A --kinds api-varlen-continuation,decode-cuda-graph --out "$W/check_banded_api"
 wait
 # timing steps, alone on the GPU
+# kernels_full: the default `bench kernels` (every op, the four shapes, fla at each; fla's autotuning from .tcache)
+step kernels_full 440 env FALCON_TRITON_UNPROVEN=1 TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" \
+  python3 -m falcon_lab.bench kernels --out "$W/kernels_full"
+# profile1: Falcon-1 and fla's chunk_delta_rule at the four shapes with torch.profiler tables (where F1 loses to fla)
+step profile1 300 env FALCON_TRITON_UNPROVEN=1 TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" \
+  python3 -m falcon_lab.bench kernels --ops falcon-1,fla_chunk_delta_rule --profile --out "$W/profile1"
 step kernels 480 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --out "$W/kernels" \
   --ops falcon-1,falcon-1A,falcon-2,falcon-3,falcon-3A,falcon-3A-banded,falcon-2A,sdpa_flash
 step f2a_time 240 bash -c "for m in exact blocked; do FALCON_TRITON_2A=\$m FALCON_TRITON_UNPROVEN=1 python3 -m \

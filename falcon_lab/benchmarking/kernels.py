@@ -33,6 +33,8 @@ OPS = FALCON + ["falcon-3A-banded", "fla_chunk_delta_rule", "sdpa_flash", "torch
 EXTRA_OPS = ["torch_chunk_falcon-2", "torch_chunk_falcon-2A"]
 # the ops `--profile` traces at the first shape (torch.profiler table + chrome trace each)
 PROFILED = ("falcon-1", "falcon-1A", "falcon-2A", "falcon-3", "falcon-3A-banded", "fla_chunk_delta_rule")
+# ... and at every shape with T >= 8192, where Falcon-1 was 1.32-1.42x fla on the H200 (kernels_2026-12-02f)
+PROFILED_LONG = ("falcon-1", "fla_chunk_delta_rule")
 HBM_BPS = 4.8e12  # H200 datasheet
 BF16_PEAK = 989.4e12  # H200 SXM datasheet: 1,979 TFLOPS bf16 with 2:4 sparsity, i.e. 989.4 dense
 WINDOW = 4
@@ -359,7 +361,7 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
                 continue
             try:
                 prof = str(out) if (profile and ((shape == shapes[0] and op in PROFILED)
-                                                   or (shape == shapes[1] and op == "falcon-1"))) else None
+                                                   or (shape[1] >= 8192 and op in PROFILED_LONG))) else None
                 fwd, fwdbwd, peak, host = time_op(op, shape, profile_dir=prof)
                 row.update(fwd_ms=round(fwd, 4), fwdbwd_ms=round(fwdbwd, 4), peak_mem_mb=round(peak, 1),
                            host_ms_fwdbwd=round(host, 4))

@@ -10,9 +10,9 @@ What runs where (docs/kernels-triton.md):
     FALCON_TRITON_3A=banded / core(fused_window=True), ONE scan with the window as a banded intra-chunk
     mask (window_linear.py, 2 <= W <= 16): interpreter-tested against float64; on the H200 its bf16 core
     rows pass except K = 128 at chunk 64 (so it runs at chunk <= 32 above K = 64), fp32 at K = 128 unproven;
-  * T = 1 without gradients (decoding): one fused kernel (decode.py); on CUDA used for Falcon-1, -1A, -2 and
-    -2A, whose graph-replayed output was checked on the H200; 3 and 3A decode through the torch recurrence
-    unless FALCON_TRITON_UNPROVEN=1 (Falcon-3's graph capture failed there once, with cuSOLVER, since removed);
+  * T = 1 without gradients (decoding): one fused kernel (decode.py); on CUDA used for all six, whose
+    graph-replayed output was checked on the H200 (Falcon-3 and -3A since 2026-12-03; Falcon-3's graph capture had
+    failed there once, with cuSOLVER in its prep, since removed);
   * the op's prep in plain eager calls: for window 1 (Falcon-1, -1A, -2, -2A) one fused kernel each way (prep.py
     here; proven on the H200 2026-12-02 through the public op's rows of `bench check`); for Falcon-3A one forward
     and two backward kernels (prep_window.py; interpreter-tested, on CUDA only with FALCON_TRITON_UNPROVEN=1);
@@ -23,12 +23,12 @@ What runs where (docs/kernels-triton.md):
     (FALCON_TRITON_3=gather / core(fused_window=True)): the kernels read the pseudo-tokens in place from q, η, log γ
     and the pair stream, so the host makes no W-fold copies of the inputs, the output or their gradients
     (interpreter-tested against float64; on the H200 -15 % peak memory, but its fp32 K = V = 16 row read shared
-    memory out of bounds under tf32x3 dots, fixed by "ieee" at that size and not yet rerun; still opt-in);
-  * per-column gates, linear (Falcon-2A): percol.py, exact [C, C, 4]-column broadcast for the
-    intra-chunk decays. Proven on the H200 (bf16 and fp32, fwd+bwd, through the op). Opt-in
-    (FALCON_TRITON_2A=blocked, also for Falcon-2): 16-row sub-blocks, the blocks below the diagonal as tensor-core
-    dots (interpreter-tested; on the H200 0.8x the exact path's time, but wrong in fp32 until 02cafd4's fix, not yet
-    rerun; still opt-in);
+    memory out of bounds under tf32x3 dots; with "ieee" at that size its 23 rows reached on 2026-12-03 passed, the
+    sweep did not finish; still opt-in);
+  * per-column gates, linear (Falcon-2A): percol.py, the intra-chunk decays by 16-row sub-blocks, the blocks below
+    the diagonal as tensor-core dots (also for Falcon-2; the default since 2026-12-03: all 34 rows of `bench check
+    --quick --variants 2A,2` passed on the H200, at 0.79-0.84x the time of the exact [C, C, 4]-column broadcast,
+    which FALCON_TRITON_2A=exact keeps). Both proven on the H200 (bf16 and fp32, fwd+bwd, through the op);
   * per-column gates with delta (Falcon-2): percol_delta.py, per-column forward/backward substitution
     in the state passes, the rest shared with Falcon-2A. Proven on the H200 (2026-12-02, 3e9d5f3: all 29 rows of
     `bench check --variants 2`, bf16 and fp32, K = V = 16/64/128, every chunk size, the public op, CUDA-graph
@@ -120,7 +120,8 @@ PROVEN_CHUNK = {"1", "1A", "3A", "3", "2A", "2"}  # Falcon-3 with a window divid
 # The fused decode step's graph-replayed output was checked for Falcon-1 and Falcon-2A (run 4), Falcon-1A and
 # Falcon-2 (2026-12-02, kernels_2026-12-02e: `bench check` decode-graph rows, 1.3e-7 and 1.4e-7); the Falcon-3
 # capture failed once (cudaErrorStreamCaptureInvalidated, with cuSOLVER in the prep) and 3A was not reached.
-PROVEN_DECODE = {"1", "1A", "2", "2A"}
+# Falcon-3 and -3A: their decode-graph rows in the whole sweeps of 2026-12-03 (5bb2636; kernels_2026-12-03/).
+PROVEN_DECODE = {"1", "1A", "2", "2A", "3", "3A"}
 
 
 # The fused prep (prep.py) on the H200 (torch 2.11, Triton 3.6, 2026-12-02 at 9549d0c): every public-op row of

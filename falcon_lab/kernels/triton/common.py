@@ -52,23 +52,26 @@ def _cfg(K: int, V: int):
     return BK, min(BV_state, _np2(V)), BV_out, min(BV_main, _np2(V)), warps_main
 
 
-# The state passes' value tile (ours, opt-in, unmeasured): "" keeps _cfg's; a power of two (16, 32, 64) sets it;
-# "auto" halves _cfg's while the pass would have fewer than STATE_PROGRAMS programs (one per value tile and
-# (sequence, head), each sequential over its chunks), down to 16 (32 for fp32). On the H200 Falcon-1 matched fla at
-# B = 16 and was 1.32x / 1.42x at (4, 8192, 12, 64) / (1, 32768, 6, 128), where its state passes run 48 / 24 programs
-# on 132 SMs (benchmarks/results/h200_logs/kernels_2026-12-02f/): the hypothesis this switch lets the GPU test.
-STATE_BV = os.environ.get("FALCON_TRITON_STATE_BV", "")
+# The state passes' value tile (ours): "auto" (the default) halves _cfg's while the pass would have fewer than
+# STATE_PROGRAMS programs (one per value tile and (sequence, head), each sequential over its chunks), down to 16 (32
+# for fp32); "off" keeps _cfg's; a power of two (16 ... 128) sets it. Why: on the H200 Falcon-1 matched fla at B = 16
+# and was 1.32x / 1.42x at (4, 8192, 12, 64) / (1, 32768, 6, 128), where its state passes ran 48 / 24 programs on
+# 132 SMs (benchmarks/results/h200_logs/kernels_2026-12-02f/). Measured there on 2026-12-03 (5bb2636, same process
+# order, bf16 fwd+bwd): Falcon-1 3.65 -> 3.12 ms at (1, 32768, 6, 128), 2.23 -> 2.13 ms at (4, 8192, 12, 64), the
+# B = 16 shapes unchanged; Falcon-1A 2.75 -> 2.39 ms and Falcon-3A 13.7 -> 12.4 ms at T = 32768; all 34 rows of
+# `bench check --quick --variants 1,1A,3A,3` passed with it (benchmarks/results/h200_logs/kernels_2026-12-03/).
+STATE_BV = os.environ.get("FALCON_TRITON_STATE_BV", "auto")
 STATE_PROGRAMS = 264
 
 
 def state_bv(bv: int, V: int, n_seq_heads: int, dtype: torch.dtype) -> int:
     """The state passes' value tile for a call (see STATE_BV): bv from _cfg, n_seq_heads = sequences x heads."""
-    if not STATE_BV:
+    if STATE_BV in ("", "off"):
         return bv
     if STATE_BV != "auto":
         want = int(STATE_BV)
         if want not in (16, 32, 64, 128):
-            raise ValueError(f"FALCON_TRITON_STATE_BV must be 16, 32, 64, 128 or auto, got {STATE_BV!r}")
+            raise ValueError(f"FALCON_TRITON_STATE_BV must be 16, 32, 64, 128, auto or off, got {STATE_BV!r}")
         return min(want, _np2(V))
     floor = 32 if dtype == torch.float32 else 16
     while bv > floor and cdiv(V, bv) * n_seq_heads < STATE_PROGRAMS:

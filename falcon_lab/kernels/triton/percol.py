@@ -10,14 +10,18 @@ as a [C, C, SB] broadcast over SB = 4 columns at a time (every exponent <= 0; th
 e^{u_i} e^{-u_s} would overflow fp32 under the clamp-firing decays this op allows). Inter-chunk parts
 (Q S, Xᵀ W, state passes) are tensor-core dots as in chunk.py.
 
-Opt-in (FALCON_TRITON_2A=blocked, ours, after fla's GLA sub-chunking): the chunk in 16-row sub-blocks; a diagonal
+The default since 2026-12-03 (FALCON_TRITON_2A=blocked, ours, after fla's GLA sub-chunking; FALCON_TRITON_2A=exact
+keeps the broadcast above): the chunk in 16-row sub-blocks; a diagonal
 block keeps the exact [16, 16, BV] broadcast, and every row of block a against the rows before it is ONE tensor-core
 dot, with e^{ur_i - u_s} = e^{ur_i - ρ_a} e^{ρ_a - u_s} split at ρ_a, the log-prefix just before block a: both
 exponents <= 0, so nothing overflows. Forward: _pc_fwd_intra_blk; backward: _pc_bwd_rows (M and the read-prefix
 gradient, by output rows) and _pc_bwd_cols (dU's intra part and the log-prefix gradient, by source rows) before
 _pc_bwd_main, which then skips its broadcast pass. The broadcast work falls from C·C to 16·C per column. Why: in a
 Falcon-2A training step on the H200 _pc_bwd_main and _pc_fwd_intra were 37 % and 22 % of the CUDA time
-(benchmarks/results/h200_logs/fast_layers/stage_f.log). Interpreter-tested against float64; not yet run on a GPU.
+(benchmarks/results/h200_logs/fast_layers/stage_f.log). On the H200 (torch 2.11, Triton 3.6, 5bb2636): all 34 rows of
+`bench check --quick --variants 2A,2` passed with it (bf16 and fp32, core, public op, varlen, CUDA-graph decode), and
+in one process Falcon-2A's fwd+bwd took 0.79-0.84x the exact form's time at the four benchmark shapes (12.0 -> 9.9 ms
+at (16, 2048, 12, 64)), Falcon-2's 0.92-0.98x, at +7 % peak memory (benchmarks/results/h200_logs/kernels_2026-12-03/).
 
 Status: tested under the Triton interpreter against float64 and proven on the H200 (run 4: bf16 and fp32,
 forward and backward, through the op; benchmarks/results/triton_check_h200_final.md); speed not measured.
@@ -36,9 +40,9 @@ from .common import (_chunk_rows, _empty, _np2, _state_init, _state_put, _state_
                      cdiv, launch, varlen_args)
 
 SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per program)
-# The intra-chunk term: "exact" (the [C, C, SB] broadcast, proven on the H200) or "blocked" (16-row sub-blocks, the
-# off-diagonal blocks as tensor-core dots: ours, interpreter-tested, not yet run on a GPU). Falcon-2 shares it.
-INTRA = os.environ.get("FALCON_TRITON_2A", "exact")
+# The intra-chunk term: "blocked" (16-row sub-blocks, the off-diagonal blocks as tensor-core dots: ours, the default)
+# or "exact" (the [C, C, SB] broadcast). Both proven on the H200. Falcon-2 shares it.
+INTRA = os.environ.get("FALCON_TRITON_2A", "blocked")
 if INTRA not in ("exact", "blocked"):
     raise ValueError(f"FALCON_TRITON_2A must be 'exact' or 'blocked', got {INTRA!r}")
 
@@ -191,7 +195,7 @@ def _causal16(j, READ_AFTER: tl.constexpr):
 def _pc_fwd_intra_blk(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr,
                       PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
-    """_pc_fwd_intra with the intra-chunk term by 16-row sub-blocks (ours, opt-in, after fla's GLA sub-chunking):
+    """_pc_fwd_intra with the intra-chunk term by 16-row sub-blocks (ours, the default, after fla's GLA sub-chunking):
     the diagonal [16, 16] blocks exactly as a [16, 16, BV] broadcast; block a's rows against all earlier rows as
     one tensor-core dot, e^{ur_i - u_s} = e^{ur_i - ρ_a} e^{ρ_a - u_s} with ρ_a the log-prefix just before block a,
     both factors <= 0 in the exponent (u never increases), so nothing overflows. Grid: (value tiles, chunks, B·H)."""
@@ -299,7 +303,7 @@ def _pc_bwd_state(Q, X, G, DO, DST, DHS, DU, DS0, T, NT, H: tl.constexpr, K: tl.
 def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
                  CU, CIDX, COFF, VARLEN: tl.constexpr):
-    """Blocked backward, by output rows (ours, opt-in; see _pc_fwd_intra_blk): for the 16 rows i of block a of a
+    """Blocked backward, by output rows (ours, the default; see _pc_fwd_intra_blk): for the 16 rows i of block a of a
     chunk, M[i, s] = Σ_c e^{ur_ic - u_sc} U_sc dO_ic (causal; all s) into MM, and DGR[i, c] = dO_ic · (the intra-chunk
     term of o_ic). Program (chunk·NB + a, b·H + h); the value tiles loop inside (M sums over all of them)."""
     NB: tl.constexpr = C // 16
@@ -370,7 +374,7 @@ def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.conste
 def _pc_bwd_cols(Q, X, VV, ETA, G, DO, DU, DGU, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
                  CU, CIDX, COFF, VARLEN: tl.constexpr):
-    """Blocked backward, by source rows (ours, opt-in): for the 16 rows s of block b of a chunk and one value tile,
+    """Blocked backward, by source rows (ours, the default): for the 16 rows s of block b of a chunk and one value tile,
     du_sc = Σ_i P[i, s] e^{ur_ic - u_sc} dO_ic (added to DU, which holds the state part) and DGU[s, c] = -U_sc du_sc;
     the later blocks a > b as tensor-core dots with e^{ur_i - ρ_a} e^{ρ_a - u_s}. Program (value tile, chunk·NB + b,
     b·H + h)."""
@@ -546,7 +550,7 @@ def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, 
 
 def fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, va, st):
     """O = OF + the intra-chunk term: the exact [C, C, 4]-column broadcast (proven on the H200) or, with
-    FALCON_TRITON_2A=blocked (ours, opt-in, not yet run on a GPU), 16-row sub-blocks with tensor-core dots between
+    (the default, FALCON_TRITON_2A=blocked; ours), 16-row sub-blocks with tensor-core dots between
     them (_pc_fwd_intra_blk). B = O.shape[0]."""
     B = O.shape[0]
     if INTRA == "blocked":
@@ -562,7 +566,7 @@ def bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta,
                    read_after, prec, va, st):
     """The per-chunk backward after the reverse state pass (DU holds the state part of dU): _pc_bwd_main alone
     (exact), or with FALCON_TRITON_2A=blocked its pass 1 as _pc_bwd_rows (M, DGR) and _pc_bwd_cols (DU's intra part,
-    DGU) first (ours, opt-in, not yet run on a GPU). Falcon-2 calls it with R for v."""
+    DGU) first (the default; ours). Falcon-2 calls it with R for v."""
     B = q.shape[0]
     blocked = INTRA == "blocked"
     MM = q
