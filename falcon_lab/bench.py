@@ -1,4 +1,4 @@
-"""`python -m falcon_lab.bench kernels [--profile] [--out DIR] [--ops a,b] [--quick]`: the kernel
+"""`python -m falcon_lab.bench kernels [--profile] [--out DIR] [--ops a,b] [--quick] [--shapes 0,2] [--warm]`: the kernel
 benchmark (falcon_lab/benchmarking/kernels.py; needs a CUDA GPU). `python -m falcon_lab.bench check`
 runs the GPU correctness check (falcon_lab/benchmarking/gpu_check.py). `python -m falcon_lab.bench model
 [--size tiny|small] [--mixers a,b] [--device cpu|cuda] [--quick] [--cuda-graphs] [--mlflow]`: whole-model
@@ -20,6 +20,11 @@ def main(argv=None):
         ["falcon-1", "falcon-2", "falcon-3", "falcon-1A", "falcon-2A", "falcon-3A", "fla_chunk_delta_rule",
          "sdpa_flash", "torch_chunk_falcon-1"]))
     k.add_argument("--quick", action="store_true", help="first shape only")
+    k.add_argument("--shapes", default=None,
+                   help="only these of the four shapes, by index (0-3, comma-separated; 0 is --quick's): a partial run")
+    k.add_argument("--warm", action="store_true",
+                   help="compile only: run each op's float64 check and one fwd+bwd per shape, time and write nothing "
+                        "(parallel processes sharing TRITON_CACHE_DIR fill the cache a full run then reads)")
     c = sub.add_parser("check", help="GPU correctness check of the Triton kernels")
     c.add_argument("--out", default="benchmarks/results")
     c.add_argument("--quick", action="store_true")
@@ -54,7 +59,20 @@ def main(argv=None):
         bad = [o for o in ops if o not in OPS + EXTRA_OPS]
         if bad:
             sys.exit(f"--ops: unknown op(s) {bad}; choose from {OPS + EXTRA_OPS}")
-        run(a.out, ops=ops, shapes=SHAPES[:1] if a.quick else SHAPES, profile=a.profile)
+        shapes = SHAPES[:1] if a.quick else SHAPES
+        if a.shapes:
+            try:
+                idx = [int(i) for i in a.shapes.split(",")]
+                assert idx and all(0 <= i < len(SHAPES) for i in idx)
+            except (ValueError, AssertionError):
+                sys.exit(f"--shapes: expected indices 0-{len(SHAPES) - 1}, comma-separated, got {a.shapes!r}")
+            shapes = [SHAPES[i] for i in idx]
+        if a.warm:
+            from falcon_lab.benchmarking.kernels import warm
+
+            warm(ops=ops, shapes=shapes)
+            return
+        run(a.out, ops=ops, shapes=shapes, profile=a.profile)
     else:
         from falcon_lab.benchmarking.gpu_check import main as check
 

@@ -105,12 +105,20 @@ cstep banded_api 240 env FALCON_TRITON_3A=banded FALCON_TRITON_UNPROVEN=1 python
   --variants 3A --kinds api-varlen-continuation,decode-cuda-graph --out "$W/check_banded_api"
 wait
 # timing steps, alone on the GPU
+# warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared .tcache (on
+# a fresh machine the full run alone spent its 440 s mostly compiling, fla's kernels above all: 2026-12-03 call 2)
+step warm 240 bash -c "python3 -c 'from falcon_lab.benchmarking.kernels import OPS, SHAPES
+for o in OPS:
+    for i in range(len(SHAPES)): print(o, i)' | xargs -P 12 -n 2 sh -c 'TRITON_CACHE_AUTOTUNING=1 \
+  TRITON_CACHE_DIR=$PWD/.tcache FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --warm --ops \$0 \
+  --shapes \$1 2>&1 | tail -2'"
 # kernels_full: the default `bench kernels` (every op, the four shapes, fla at each; fla's autotuning from .tcache)
 step kernels_full 440 env FALCON_TRITON_UNPROVEN=1 TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" \
   python3 -m falcon_lab.bench kernels --out "$W/kernels_full"
 # profile1: Falcon-1 and fla's chunk_delta_rule at the four shapes with torch.profiler tables (where F1 loses to fla)
 step profile1 300 env FALCON_TRITON_UNPROVEN=1 TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" \
-  python3 -m falcon_lab.bench kernels --ops falcon-1,fla_chunk_delta_rule --profile --out "$W/profile1"
+  python3 -m falcon_lab.bench kernels --ops ${PROFILE_OPS:-falcon-1,fla_chunk_delta_rule} --shapes ${PROFILE_SHAPES:-0,1,2,3} \
+  --profile --out "$W/profile1"
 step kernels 480 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --out "$W/kernels" \
   --ops falcon-1,falcon-1A,falcon-2,falcon-3,falcon-3A,falcon-3A-banded,falcon-2A,sdpa_flash
 step f2a_time 240 bash -c "for m in exact blocked; do FALCON_TRITON_2A=\$m FALCON_TRITON_UNPROVEN=1 python3 -m \

@@ -32,7 +32,7 @@ OPS = FALCON + ["falcon-3A-banded", "fla_chunk_delta_rule", "sdpa_flash", "torch
 # replaced as the CUDA default (Falcon-2 since 2026-12-02), for a same-run ratio.
 EXTRA_OPS = ["torch_chunk_falcon-2", "torch_chunk_falcon-2A"]
 # the ops `--profile` traces at the first shape (torch.profiler table + chrome trace each)
-PROFILED = ("falcon-1", "falcon-1A", "falcon-2A", "falcon-3", "falcon-3A-banded", "fla_chunk_delta_rule")
+PROFILED = ("falcon-1", "falcon-1A", "falcon-2", "falcon-2A", "falcon-3", "falcon-3A-banded", "fla_chunk_delta_rule")
 # ... and at every shape with T >= 8192, where Falcon-1 was 1.32-1.42x fla on the H200 (kernels_2026-12-02f)
 PROFILED_LONG = ("falcon-1", "fla_chunk_delta_rule")
 HBM_BPS = 4.8e12  # H200 datasheet
@@ -389,6 +389,28 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
     (out / f"{stem}.md").write_text(summary(rows))
     print(f"wrote {out / stem}.{{json,md,png}}", flush=True)
     return rows
+
+
+def warm(ops=None, shapes=None):
+    """Compile without timing (`bench kernels --warm`): each op's float64 check and one fwd+bwd at each shape, so that
+    a full run after it, reading the same TRITON_CACHE_DIR, spends its time timing. On a fresh H200 the full run's
+    compiles (fla's above all: 75 s at the first shape) pushed it past 440 s on 2026-12-03; one process per (op,
+    shape) in parallel compiles on separate CPU cores (experiments/h200/prove_kernels.sh step `warm`)."""
+    t0 = time.time()
+    for shape in shapes or SHAPES:
+        B, T, H, K = shape
+        for op in ops or OPS:
+            try:
+                correctness(op, K, K)
+                ins = [t.requires_grad_(True) for t in make_inputs(op, B, T, H, K, K)]
+                make_fn(op)(*ins).float().sum().backward()
+                torch.cuda.synchronize()
+                status = "compiled"
+            except Exception as e:  # the timed run reports it; here only say so
+                status = f"failed: {type(e).__name__}: {e}"[:200]
+            print(f"[{time.time() - t0:6.1f}s] warm {op:22s} {shape} {status}", flush=True)
+            ins = None
+            torch.cuda.empty_cache()
 
 
 def summary(rows):
