@@ -61,12 +61,10 @@ def main(argv=None):
             sys.exit(f"--ops: unknown op(s) {bad}; choose from {OPS + EXTRA_OPS}")
         shapes = SHAPES[:1] if a.quick else SHAPES
         if a.shapes:
-            try:
-                idx = [int(i) for i in a.shapes.split(",")]
-                assert idx and all(0 <= i < len(SHAPES) for i in idx)
-            except (ValueError, AssertionError):
+            idx = a.shapes.split(",")
+            if not all(i.isdigit() and int(i) < len(SHAPES) for i in idx):
                 sys.exit(f"--shapes: expected indices 0-{len(SHAPES) - 1}, comma-separated, got {a.shapes!r}")
-            shapes = [SHAPES[i] for i in idx]
+            shapes = [SHAPES[int(i)] for i in idx]
         if a.warm:
             from falcon_lab.benchmarking.kernels import warm
 

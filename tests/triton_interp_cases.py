@@ -166,7 +166,7 @@ if __name__ == "__main__":
     for c in cases:
         kt._FALCON_3A = "banded" if c.get("banded") else default_3a  # what FALCON_TRITON_3A=banded sets
         kpercol.INTRA = c.get("intra", "exact")  # what FALCON_TRITON_2A=blocked sets
-        kcommon.STATE_BV = c.get("state_bv", "")  # what FALCON_TRITON_STATE_BV sets
+        kcommon.STATE_BV = c.get("state_bv", "off")  # what FALCON_TRITON_STATE_BV sets
         try:
             if c.get("recompute"):
                 res = recompute_case(c)

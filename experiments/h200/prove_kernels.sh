@@ -123,7 +123,7 @@ step kernels 480 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernel
   --ops falcon-1,falcon-1A,falcon-2,falcon-3,falcon-3A,falcon-3A-banded,falcon-2A,sdpa_flash
 step f2a_time 240 bash -c "for m in exact blocked; do FALCON_TRITON_2A=\$m FALCON_TRITON_UNPROVEN=1 python3 -m \
   falcon_lab.bench kernels --ops \${F2A_OPS:-falcon-1,falcon-2A,falcon-2} --out $W/kernels_2a_\$m; done"
-step statebv_time 240 bash -c "for m in default auto; do FALCON_TRITON_STATE_BV=\$([ \$m = auto ] && echo auto) \
+step statebv_time 240 bash -c "for m in off auto; do FALCON_TRITON_STATE_BV=\$m \
   python3 -m falcon_lab.bench kernels --ops falcon-1,falcon-1A,falcon-3A --out $W/kernels_statebv_\$m; done"
 step varlen_time 150 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/varlen_bench.py --out "$W/varlen_bench"
 step f3gather_time 200 bash -c "for m in expand gather; do FALCON_TRITON_3=\$m python3 -m falcon_lab.bench \

@@ -66,7 +66,7 @@ STATE_PROGRAMS = 264
 
 def state_bv(bv: int, V: int, n_seq_heads: int, dtype: torch.dtype) -> int:
     """The state passes' value tile for a call (see STATE_BV): bv from _cfg, n_seq_heads = sequences x heads."""
-    if STATE_BV in ("", "off"):
+    if STATE_BV == "off":
         return bv
     if STATE_BV != "auto":
         want = int(STATE_BV)

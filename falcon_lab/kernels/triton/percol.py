@@ -549,9 +549,9 @@ def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, 
 
 
 def fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, va, st):
-    """O = OF + the intra-chunk term: the exact [C, C, 4]-column broadcast (proven on the H200) or, with
-    (the default, FALCON_TRITON_2A=blocked; ours), 16-row sub-blocks with tensor-core dots between
-    them (_pc_fwd_intra_blk). B = O.shape[0]."""
+    """O = OF + the intra-chunk term: by 16-row sub-blocks with tensor-core dots between them (_pc_fwd_intra_blk;
+    the default, ours) or, with FALCON_TRITON_2A=exact, the [C, C, 4]-column broadcast. Both proven on the H200.
+    B = O.shape[0]."""
     B = O.shape[0]
     if INTRA == "blocked":
         BVi = min(32, _np2(V))
@@ -564,9 +564,9 @@ def fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, v
 
 def bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K, V, C, BK, BVm,
                    read_after, prec, va, st):
-    """The per-chunk backward after the reverse state pass (DU holds the state part of dU): _pc_bwd_main alone
-    (exact), or with FALCON_TRITON_2A=blocked its pass 1 as _pc_bwd_rows (M, DGR) and _pc_bwd_cols (DU's intra part,
-    DGU) first (the default; ours). Falcon-2 calls it with R for v."""
+    """The per-chunk backward after the reverse state pass (DU holds the state part of dU): by default (blocked; ours)
+    _pc_bwd_rows (M, DGR) and _pc_bwd_cols (DU's intra part, DGU) first, then _pc_bwd_main without its broadcast
+    pass; with FALCON_TRITON_2A=exact, _pc_bwd_main alone. Falcon-2 calls it with R for v."""
     B = q.shape[0]
     blocked = INTRA == "blocked"
     MM = q
