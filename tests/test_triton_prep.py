@@ -63,7 +63,9 @@ def test_the_triton_backend_uses_the_fused_prep_where_it_applies(monkeypatch):
     ok, why = kt.prep_check(FalconSpec.from_variant("3"), window=4, dtype=torch.bfloat16, device_type="cpu")
     assert not ok and "eigenvalue" in why
     monkeypatch.setattr(kt, "_UNPROVEN", False)
-    ok, why = kt.prep_check(s3a, window=4, dtype=torch.bfloat16, device_type="cuda")  # interpreter-tested only
+    assert kt.prep_check(s3a, window=4, dtype=torch.bfloat16, device_type="cuda")[0]  # proven on the H200
+    monkeypatch.setattr(kt, "PROVEN_PREP", kt.PROVEN_PREP - {"3A"})
+    ok, why = kt.prep_check(s3a, window=4, dtype=torch.bfloat16, device_type="cuda")
     assert not ok and "not proven" in why
     ok, why = kt.prep_check(s1, window=1, dtype=torch.float64, device_type="cpu")
     assert not ok and "fp32" in why

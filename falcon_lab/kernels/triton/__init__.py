@@ -130,16 +130,19 @@ PROVEN_DECODE = {"1", "1A", "2", "2A", "3", "3A"}
 # window-1 op against float64 before timing it: benchmarks/results/h200_logs/kernels_2026-12-02e/.
 # Since then their code shares helpers with Falcon-3A's windowed prep (prep_window.py): the same arithmetic (a
 # per-column sum now divides before summing), interpreter-tested, not re-run on the GPU (experiments/h200/NEXT.md).
-# prep_window.py itself (interpreter-tested) has not run there.
-PROVEN_PREP = {"1", "1A", "2", "2A"}
+# Falcon-3A's windowed prep (prep_window.py): its public-op rows with FALCON_TRITON_VARLEN=pad (2/2) and its packed
+# branch inside the varlen-native rows (4/4) passed on the H200 (2026-12-03, 1df2a02):
+# benchmarks/results/h200_logs/kernels_2026-12-03/call2_1df2a02/check_prep3a/ and check_varlen3a/.
+PROVEN_PREP = {"1", "1A", "2", "2A", "3A"}
 
 # Native packed sequences (chunk.py's VARLEN kernels, 2026-12-02): interpreter-tested against float64. The GPU
 # check's varlen-native rows (bf16 and fp32, C = 16 and 64, per-sequence states and final states, every gradient)
 # run the fused prep's packed branch as well, so passing them proves both. On the H200 (torch 2.11, Triton 3.6):
 # Falcon-2's four rows passed at 3e9d5f3 (kernels_2026-12-02f/call1_3e9d5f3/check_f2/), and `bench check --variants
 # 1,1A,2A,3A --kinds varlen-native` exited 0 with 16 of 16 rows passing at ac9f58e (call4_ac9f58e/: that call's
-# row log did not come back, its exit code and counts did).
-PROVEN_VARLEN: set = {"1", "1A", "2", "2A", "3A"}
+# row log did not come back, its exit code and counts did). Falcon-3 (its host expansion, FALCON_TRITON_3=expand,
+# packed): 4/4 varlen-native rows on 2026-12-03 at 1df2a02 (kernels_2026-12-03/call2_1df2a02/check_f3varlen/).
+PROVEN_VARLEN: set = {"1", "1A", "2", "2A", "3", "3A"}
 
 
 def varlen_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") -> tuple[bool, str]:

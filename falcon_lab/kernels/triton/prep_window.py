@@ -14,8 +14,9 @@ Forward: each row recomputes its W window rows' energies from k (and the tail). 
 dλ and q_t = dĒ_t / max(B_t, 1) per row; `_win_bwd_keys` gives each pair row's key gradient
 dxw + 2 x Σ_{t sees it} q_t (dk, the carried key's and the carried tail's). vw is `torch.cat([tail_v, v])` (its
 gradient is autograd's).
-Interpreter-tested against prep.py in float64 (tests/test_triton_prep.py); on CUDA only once proven on the H200
-(`PROVEN_PREP` in falcon_lab/kernels/triton/__init__.py).
+Interpreter-tested against prep.py in float64 (tests/test_triton_prep.py); proven on the H200 for Falcon-3A
+(2026-12-03, padded and packed rows); on CUDA a variant runs it once in `PROVEN_PREP`
+(falcon_lab/kernels/triton/__init__.py).
 """
 
 from __future__ import annotations
