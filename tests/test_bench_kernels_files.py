@@ -39,12 +39,38 @@ def test_flop_model_is_falcon_math_section_7_and_bound_is_the_larger_floor():
 def test_op_labels_name_their_variant():
     from falcon_lab.benchmarking.kernels import OPS, flops_model, op_variant
 
-    assert [op_variant(o) for o in ("falcon-1", "falcon-3A", "falcon-3A-banded", "torch_chunk_falcon-1")] == \
+    assert [op_variant(o) for o in ("falcon-1", "falcon-3A", "falcon-3A-scans", "torch_chunk_falcon-1")] == \
         ["1", "3A", "3A", "1"]
     # the baselines have none (a bench run with sdpa_flash died on the H200 on 2026-12-02 at 273f685 here)
     assert op_variant("sdpa_flash") is None and op_variant("fla_chunk_delta_rule") is None
-    assert "falcon-3A-banded" in OPS  # timed beside the W-scan default in the same run
-    assert flops_model("falcon-3A-banded", 2, 64, 3, 64, 64) == flops_model("falcon-3A", 2, 64, 3, 64, 64)
+    # falcon-3A is the default (the banded scan since 2026-12-03), the W scans timed beside it in the same run
+    assert "falcon-3A" in OPS and "falcon-3A-scans" in OPS and "falcon-3A-banded" not in OPS
+    assert flops_model("falcon-3A-scans", 2, 64, 3, 64, 64) == flops_model("falcon-3A", 2, 64, 3, 64, 64)
+
+
+def test_falcon_3a_ops_run_the_banded_default_and_the_forced_scans(monkeypatch):
+    """falcon-3A runs whatever FALCON_TRITON_3A chooses (the banded scan by default); falcon-3A-scans pins the W scans
+    for its call and restores the setting after it. The core is stubbed: which path each op asked for, no kernels."""
+    import os
+
+    import torch
+
+    import falcon_lab.kernels.triton as kt
+    from falcon_lab.benchmarking import kernels as bk
+
+    if "FALCON_TRITON_3A" not in os.environ:
+        assert kt._FALCON_3A == "banded"
+    seen = []
+
+    def fake_chunk_falcon(q, *a, **kw):
+        seen.append(kt._FALCON_3A)
+        return q, None
+    monkeypatch.setattr("falcon_lab.kernels.chunk_falcon", fake_chunk_falcon)
+    monkeypatch.setattr(kt, "_FALCON_3A", "banded")
+    ins = bk.make_inputs("falcon-3A", 1, 8, 1, 16, 16, dtype=torch.float32, dev="cpu")
+    bk.make_fn("falcon-3A")(*ins)
+    bk.make_fn("falcon-3A-scans")(*ins)
+    assert seen == ["banded", "scans"] and kt._FALCON_3A == "banded"
 
 
 def test_results_record_the_kernel_path_switches(monkeypatch):

@@ -35,9 +35,11 @@ for delta in (True, False):
     CASES.append(_c(f"{v}-strong-decay-C64", delta=delta, C=64, T=64, B=1, H=1, strong=True, seed=4))
     CASES.append(_c(f"{v}-no-S0-no-dST", delta=delta, s0=False, no_dst=True, seed=5))
     CASES.append(_c(f"{v}-fp16", delta=delta, dtype="float16", seed=6))
-CASES.append(_c("F3A-W3-after-no-dST", delta=False, W=3, no_dst=True, seed=7))
-CASES.append(_c("F3A-W4-before-C32", delta=False, W=4, after=False, C=32, T=45, seed=8))
-# Falcon-3A in one banded scan (window_linear.py, fused_window=True): windows 2-16, every chunk size, awkward T
+# Falcon-3A as W Falcon-1A scans (fused_window=False: what FALCON_TRITON_3A=scans and every packed call run)
+CASES.append(_c("F3A-W3-after-no-dST", delta=False, W=3, no_dst=True, seed=7, fused=False))
+CASES.append(_c("F3A-W4-before-C32", delta=False, W=4, after=False, C=32, T=45, seed=8, fused=False))
+# Falcon-3A in one banded scan (window_linear.py, fused_window=True; the default since 2026-12-03): windows 2-16, every
+# chunk size, awkward T
 CASES.append(_c("F3A-banded-W3-after", delta=False, W=3, seed=7, fused=True))
 CASES.append(_c("F3A-banded-W4-before-C32", delta=False, W=4, after=False, C=32, T=45, seed=8, fused=True))
 CASES.append(_c("F3A-banded-W8-strong-decay", delta=False, W=8, T=50, strong=True, seed=24, fused=True))
@@ -83,6 +85,12 @@ CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=
                 strong=True, s0=False, no_dst=True, seed=19))
 CASES.append(_c("F2-fp16", delta=True, per_col=True, dtype="float16", seed=20))
 CASES.append(_c("F2-K48-V80-before", delta=True, per_col=True, after=False, T=50, B=1, H=1, K=48, V=80, seed=22))
+# the state passes' per-column solves by C-step substitution (FALCON_TRITON_2_SOLVE=rows; the cases above run the
+# 16-row sub-blocks wherever C > 16)
+CASES.append(_c("F2-rows-C64-strong-decay", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
+                strong=True, seed=19, solve="rows"))
+CASES.append(_c("F2-rows-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20,
+                seed=18, solve="rows"))
 DECODE = []
 for delta in (True, False):
     for per_col, W in ((False, 1), (True, 1), (False, 4)):
@@ -92,9 +100,13 @@ for delta in (True, False):
                                K=16, V=32, W=W, delta=delta, after=after, per_col=per_col, seed=11))
 
 
-COMPILE = [dict(id=f"compile-fullgraph-F{v}", compile=True, variant=v, seed=23) for v in ("1", "1A", "2A", "3A")]
+# Falcon-3A's cases here pin its W scans (`scans`: what FALCON_TRITON_3A=scans sets); the banded default has its own
+# below (BANDED)
+COMPILE = [dict(id=f"compile-fullgraph-F{v}", compile=True, variant=v, seed=23, scans=v == "3A")
+           for v in ("1", "1A", "2A", "3A")]
 RECOMPUTE = [dict(id=f"recompute-F{v}", recompute=True, variant=v, seed=29) for v in ("1A", "2A")]
-API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21) for v in ("1", "1A", "3A", "3", "2A", "2")]
+API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21, scans=v == "3A")
+       for v in ("1", "1A", "3A", "3", "2A", "2")]
 
 
 # packed sequences run natively by the chunk kernels (cu_seqlens read in the kernels, no padding)
@@ -122,10 +134,10 @@ VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dty
                 seed=70 + i) for i, v in enumerate(("1", "2A"))]
 
 
-# the public op (ragged cu_seqlens, continuation) and a compiled block with Falcon-3A on the banded scan made the
-# default for the case (what FALCON_TRITON_3A=banded sets)
-BANDED = [dict(API[2], id="api-varlen-continuation-F3A-banded", banded=True),
-          dict(COMPILE[3], id="compile-fullgraph-F3A-banded", banded=True)]
+# the public op (ragged cu_seqlens, continuation) and a compiled block with Falcon-3A on the banded scan, the default
+# since 2026-12-03 (FALCON_TRITON_3A=banded, set for the case so that the environment cannot change it)
+BANDED = [dict(API[2], id="api-varlen-continuation-F3A-banded", banded=True, scans=False),
+          dict(COMPILE[3], id="compile-fullgraph-F3A-banded", banded=True, scans=False)]
 
 
 @pytest.fixture(scope="module")
@@ -135,14 +147,16 @@ def results():
 
 
 def test_banded_falcon_3a_through_the_public_op_and_compile(results):
-    """With the one-scan kernel the default (FALCON_TRITON_3A=banded), chunk_falcon's Falcon-3A runs it: varlen and
-    continuation against the float64 recurrence, and a compiled block (fullgraph) against eager."""
+    """With the one-scan kernel the default (FALCON_TRITON_3A=banded, since 2026-12-03), chunk_falcon's Falcon-3A runs
+    it: varlen (the packed call runs the W scans natively: the banded kernel has no packed form) and continuation (the
+    banded kernel) against the float64 recurrence, and a compiled block (fullgraph) against eager."""
     import falcon_lab.kernels.triton as kt
 
-    assert kt._FALCON_3A == "scans", "the proven W-scan path stays the default"
+    if "FALCON_TRITON_3A" not in os.environ:
+        assert kt._FALCON_3A == "banded", "the banded scan is the default since the H200 proved it (2026-12-03)"
     api, comp = (results.get(c["id"]) for c in BANDED)
     assert api is not None and "error" not in api, api
-    assert api["res"]["window_linear_calls"] > 0, api  # the banded kernel did run
+    assert api["res"]["window_linear_calls"] > 0, api  # the banded kernel did run (the continuation's calls)
     for k, e in api["res"].items():
         if k != "window_linear_calls":
             assert e <= 2e-5, f"{k} relative error {e:.3e}"

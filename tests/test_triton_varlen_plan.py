@@ -36,15 +36,18 @@ def test_which_calls_run_natively():
 
     one, two_a, three, three_a = (FalconSpec.from_variant(v) for v in ("1", "2A", "3", "3A"))
     assert varlen_check(one, window=1, device_type="cpu")[0] and varlen_check(two_a, window=1, device_type="cpu")[0]
-    assert varlen_check(three_a, window=4, device_type="cpu")[0]  # the W scans
     assert varlen_check(three, window=4, device_type="cpu")[0]  # its host expansion, packed
-    banded, kt._FALCON_3A = kt._FALCON_3A, "banded"
+    # Falcon-3A: natively under either FALCON_TRITON_3A, the banded default included (core runs a packed call as the
+    # W scans: the banded kernel has no packed form); never padded for it
+    prev = kt._FALCON_3A
     try:
-        ok, why = varlen_check(three_a, window=4, device_type="cpu")
-        assert not ok and "banded" in why, why
-        assert varlen_check(three, window=4, device_type="cpu")[0]  # the 3A switch is not Falcon-3's
+        for mode in ("banded", "scans"):
+            kt._FALCON_3A = mode
+            ok, why = varlen_check(three_a, window=4, device_type="cpu")
+            assert ok and "W scans" in why, (mode, why)
+            assert varlen_check(three, window=4, device_type="cpu")[0]  # the 3A switch is not Falcon-3's
     finally:
-        kt._FALCON_3A = banded
+        kt._FALCON_3A = prev
     in_place, kt._FALCON_3 = kt._FALCON_3, "gather"
     try:
         ok, why = varlen_check(three, window=4, device_type="cpu")  # pseudo-tokens read in place: padded
@@ -55,6 +58,44 @@ def test_which_calls_run_natively():
     assert ok == ("1" in PROVEN_VARLEN), why  # on CUDA only once proven there (or FALCON_TRITON_UNPROVEN=1)
     if not ok:
         assert "not proven on the H200" in why and "FALCON_TRITON_UNPROVEN=1" in why
+    assert varlen_check(three_a, window=4, device_type="cuda")[0] == ("3A" in PROVEN_VARLEN or kt._UNPROVEN)
+
+
+def test_a_packed_falcon_3a_call_runs_the_scans_under_the_banded_default(monkeypatch):
+    """With FALCON_TRITON_3A=banded (the default) `core` takes the banded kernel for an unpacked Falcon-3A call and the
+    W scans, reading cu_seqlens, for a packed one (as the public op calls it when varlen_check says native), and the
+    scans too for a window the banded kernel does not take (W > 16). The kernel families are stubbed: which family
+    each call launched, with which cu_seqlens, no kernels."""
+    import falcon_lab.kernels.triton as kt
+
+    calls = []
+
+    def fake_chunk_core(q, xw, vw, eta, g, S0, family, cfg, cu_seqlens=None):
+        calls.append((family, cu_seqlens is not None))
+        B, T, H, _ = q.shape
+        return torch.zeros(B, T, H, vw.shape[-1]), torch.zeros(B if cu_seqlens is None else cu_seqlens.numel() - 1, H,
+                                                                 q.shape[-1], vw.shape[-1])
+    monkeypatch.setattr(kt, "chunk_core", fake_chunk_core)
+    monkeypatch.setattr(kt, "_INTERPRET", True)  # CPU tensors: past core's interpreter check (nothing is launched)
+    monkeypatch.setattr(kt, "_FALCON_3A", "banded")
+
+    def run(W, cu=None, **kw):
+        calls.clear()
+        T, H, K = 20, 2, 16
+        n = 1 if cu is None else cu.numel() - 1
+        q = torch.randn(1, T, H, K)
+        xw, vw = torch.randn(1, T + n * (W - 1), H, K), torch.randn(1, T + n * (W - 1), H, K)
+        eta, g = torch.rand(1, T, H), -torch.rand(1, T, H)
+        kt.core(q, xw, vw, eta, g, None, delta=False, window=W, read_after=True, chunk_size=16, cu_seqlens=cu, **kw)
+        return list(calls)
+
+    cu = torch.tensor([0, 7, 20])
+    assert run(4) == [("window_linear", False)]  # the banded default, unpacked
+    assert run(4, cu) == [("scalar", True)] * 4  # packed: the W scans, natively
+    assert run(17) == [("scalar", False)] * 17  # beyond the banded kernel's window: the scans
+    assert run(4, fused_window=False) == [("scalar", False)] * 4  # the per-call opt-out
+    monkeypatch.setattr(kt, "_FALCON_3A", "scans")
+    assert run(4) == [("scalar", False)] * 4  # FALCON_TRITON_3A=scans
 
 
 def test_the_gpu_varlen_benchmark_runs(tmp_path):

@@ -160,12 +160,15 @@ if __name__ == "__main__":
 
     import falcon_lab.kernels.triton.common as kcommon
     import falcon_lab.kernels.triton.percol as kpercol
+    import falcon_lab.kernels.triton.percol_delta as kpdelta
 
     cases = json.loads(sys.argv[1])
     default_3a = kt._FALCON_3A
     for c in cases:
-        kt._FALCON_3A = "banded" if c.get("banded") else default_3a  # what FALCON_TRITON_3A=banded sets
+        # what FALCON_TRITON_3A=banded / =scans sets; neither: the default (banded since 2026-12-03) or the env's
+        kt._FALCON_3A = "banded" if c.get("banded") else "scans" if c.get("scans") else default_3a
         kpercol.INTRA = c.get("intra", "exact")  # what FALCON_TRITON_2A=blocked sets
+        kpdelta.SOLVE = c.get("solve", "blocked")  # what FALCON_TRITON_2_SOLVE=rows changes
         kcommon.STATE_BV = c.get("state_bv", "off")  # what FALCON_TRITON_STATE_BV sets
         try:
             if c.get("recompute"):

@@ -28,7 +28,8 @@ import torch
 from falcon_lab.benchmarking.kernels import WINDOW, _commit, host_ms, make_fn, make_inputs
 
 SHAPES = [(16, 2048, 12, 64), (1, 32768, 6, 128)]
-OPS = ["falcon-1", "falcon-1A", "falcon-3A", "falcon-3A-banded", "fla_chunk_delta_rule", "sdpa_flash"]
+# falcon-3A: the default (the banded scan since 2026-12-03); falcon-3A-scans: its W scans (bench kernels' op labels)
+OPS = ["falcon-1", "falcon-1A", "falcon-3A", "falcon-3A-scans", "fla_chunk_delta_rule", "sdpa_flash"]
 
 
 @contextlib.contextmanager

@@ -10,9 +10,10 @@
 #   f2_warps4  control: the old 4-warp launch of _pcd_bwd_state on the row that crashed, expected to crash (exit 3);
 #   banded     FALCON_TRITON_3A=banded `bench check --variants 3A,1A,3`: the one-scan Falcon-3A kernel's core rows
 #              and public op, plus the CUDA-graph decode rows of 1A, 3 (mu_t without cuSOLVER) and 3A, so that
-#              PROVEN_DECODE can grow;
-#   kernels    `bench kernels` for the Falcon ops incl. falcon-3A-banded beside falcon-3A and SDPA (a partial run:
-#              kernels_h200_partial.*), FALCON_TRITON_UNPROVEN=1 so that Falcon-2 is timed;
+#              PROVEN_DECODE can grow (banded is the default since 2026-12-03; the variable pins it);
+#   kernels    `bench kernels` for the Falcon ops incl. falcon-3A (the banded default) beside falcon-3A-scans (its W
+#              scans) and SDPA (a partial run: kernels_h200_partial.*), FALCON_TRITON_UNPROVEN=1 so that Falcon-2 is
+#              timed;
 #   prep       `bench check --quick --variants 1,1A,2A,3A,3 --rows 1-60` with FALCON_TRITON_UNPROVEN=1: the window-1
 #              fused prep (its IR changed since 9549d0c: benchmarks/results/ptx_fingerprints/) and Falcon-3A's fused
 #              prep through the public-op rows; all pass -> "3A" into PROVEN_PREP;
@@ -31,6 +32,10 @@
 #              with it (one process each): faster at (4, 8192, 12, 64) and (1, 32768, 6, 128) -> make it the default;
 #   f2torch    `bench kernels --quick` of Falcon-2 and -2A against the PyTorch chunk forms the Triton kernels replaced
 #              as the CUDA default (Falcon-2 since 2026-12-02), one process;
+#   f2solve    FALCON_TRITON_2_SOLVE (Falcon-2's state passes: per-column solves by 16-row sub-blocks, "blocked", or by
+#              C-step substitution, "rows"): `bench check --variants 2` with the default (blocked), then `bench kernels
+#              --ops falcon-1,falcon-2` with rows and with blocked (one process each); f3gather_rest: rows 24-29 of
+#              Falcon-3-gather's sweep;
 #   fla_warm   experiments/h200/fla_warm.py with TRITON_CACHE_AUTOTUNING=1 and TRITON_CACHE_DIR=$PWD/.tcache: fla's
 #              autotuning cached (the *.autotune.json files are packed) so the next call's default `bench kernels`
 #              fits its 10 minutes.
@@ -77,7 +82,8 @@ want f3gather && STEPS="$STEPS f3gather_check f3gather_time"
 want varlen && STEPS="$STEPS varlen_check varlen_time"
 want f2a_blocked && STEPS="$STEPS f2a_check f2a_time"
 # sweep: every variant's whole default check, one process per variant (with PROVE_PARALLEL=1 all at once): the
-# re-proof after a change to shared code (e.g. c69b041's "ieee" dots for fp32 tiles <= 16)
+# re-proof after a change to shared code (e.g. c69b041's "ieee" dots for fp32 tiles <= 16); sweep_3A's core rows run
+# the banded scan (the default since 2026-12-03), its varlen-native rows the W scans (packed calls always do)
 want sweep && STEPS="$STEPS sweep_1 sweep_1A sweep_2A sweep_2 sweep_3 sweep_3A"
 for v in 1 1A 2A 2 3 3A; do
   cstep "sweep_$v" 330 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants "$v" \
@@ -103,8 +109,17 @@ cstep prep3a 240 env FALCON_TRITON_VARLEN=pad FALCON_TRITON_UNPROVEN=1 python3 -
   --variants 3A --kinds api-varlen-continuation --out "$W/check_prep3a"
 cstep banded_api 240 env FALCON_TRITON_3A=banded FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
   --variants 3A --kinds api-varlen-continuation,decode-cuda-graph --out "$W/check_banded_api"
+# The tenth session (2026-12-03): Falcon-2's state passes solving by 16-row sub-blocks (FALCON_TRITON_2_SOLVE=blocked,
+# the new default in percol_delta.py): the whole sweep with it; Falcon-3-gather's rows the earlier calls did not reach
+want f2solve && STEPS="$STEPS f2solve_check f2solve_time"
+cstep f2solve_check 330 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 2 \
+  --out "$W/check_f2solve"
+cstep f3gather_rest 240 env FALCON_TRITON_3=gather FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
+  --variants 3 --rows 24-29 --out "$W/check_f3gather_rest"
 wait
 # timing steps, alone on the GPU
+step f2solve_time 300 bash -c "for m in rows blocked; do FALCON_TRITON_2_SOLVE=\$m python3 -m falcon_lab.bench \
+  kernels --ops \${F2_OPS:-falcon-1,falcon-2} --out $W/kernels_f2solve_\$m; done"
 # warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared .tcache (on
 # a fresh machine the full run alone spent its 440 s mostly compiling, fla's kernels above all: 2026-12-03 call 2)
 step warm 240 bash -c "python3 -c 'from falcon_lab.benchmarking.kernels import OPS, SHAPES
@@ -120,7 +135,7 @@ step profile1 300 env FALCON_TRITON_UNPROVEN=1 TRITON_CACHE_AUTOTUNING=1 TRITON_
   python3 -m falcon_lab.bench kernels --ops ${PROFILE_OPS:-falcon-1,fla_chunk_delta_rule} --shapes ${PROFILE_SHAPES:-0,1,2,3} \
   --profile --out "$W/profile1"
 step kernels 480 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --out "$W/kernels" \
-  --ops falcon-1,falcon-1A,falcon-2,falcon-3,falcon-3A,falcon-3A-banded,falcon-2A,sdpa_flash
+  --ops falcon-1,falcon-1A,falcon-2,falcon-3,falcon-3A,falcon-3A-scans,falcon-2A,sdpa_flash
 step f2a_time 240 bash -c "for m in exact blocked; do FALCON_TRITON_2A=\$m FALCON_TRITON_UNPROVEN=1 python3 -m \
   falcon_lab.bench kernels --ops \${F2A_OPS:-falcon-1,falcon-2A,falcon-2} --out $W/kernels_2a_\$m; done"
 step statebv_time 240 bash -c "for m in off auto; do FALCON_TRITON_STATE_BV=\$m \

@@ -26,13 +26,15 @@ import torch
 # the two target shapes of the issue first, so a run cut short still has them
 SHAPES = [(16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128)]
 FALCON = ["falcon-1", "falcon-2", "falcon-3", "falcon-1A", "falcon-2A", "falcon-3A"]
-# falcon-3A-banded: Falcon-3A's one-scan kernel (window_linear.py, opt-in until proven), beside the W-scan default
-OPS = FALCON + ["falcon-3A-banded", "fla_chunk_delta_rule", "sdpa_flash", "torch_chunk_falcon-1"]
+# falcon-3A runs the default Falcon-3A path, the one-scan banded kernel (window_linear.py; FALCON_TRITON_3A=banded,
+# the default since 2026-12-03); falcon-3A-scans forces its W Falcon-1A scans (FALCON_TRITON_3A=scans) in the same
+# run (until c2485d2 the pair was falcon-3A = the W scans and falcon-3A-banded, in the files of benchmarks/results/)
+OPS = FALCON + ["falcon-3A-scans", "fla_chunk_delta_rule", "sdpa_flash", "torch_chunk_falcon-1"]
 # Timed only when named (--ops), never part of the full default run: the PyTorch chunk forms that the Triton kernels
 # replaced as the CUDA default (Falcon-2 since 2026-12-02), for a same-run ratio.
 EXTRA_OPS = ["torch_chunk_falcon-2", "torch_chunk_falcon-2A"]
 # the ops `--profile` traces at the first shape (torch.profiler table + chrome trace each)
-PROFILED = ("falcon-1", "falcon-1A", "falcon-2", "falcon-2A", "falcon-3", "falcon-3A-banded", "fla_chunk_delta_rule")
+PROFILED = ("falcon-1", "falcon-1A", "falcon-2", "falcon-2A", "falcon-3", "falcon-3A", "fla_chunk_delta_rule")
 # ... and at every shape with T >= 8192, where Falcon-1 was 1.32-1.42x fla on the H200 (kernels_2026-12-02f)
 PROFILED_LONG = ("falcon-1", "fla_chunk_delta_rule")
 HBM_BPS = 4.8e12  # H200 datasheet
@@ -60,7 +62,7 @@ def _commit():
 
 
 def op_variant(op: str) -> str | None:
-    """The Falcon variant of an op label: falcon-3A -> 3A, falcon-3A-banded -> 3A, torch_chunk_falcon-1 -> 1;
+    """The Falcon variant of an op label: falcon-3A -> 3A, falcon-3A-scans -> 3A, torch_chunk_falcon-1 -> 1;
     None for the baselines (sdpa_flash, fla_chunk_delta_rule)."""
     parts = op.split("-")
     return parts[1] if len(parts) > 1 else None
@@ -95,13 +97,13 @@ def make_fn(op):
         def fn(q, k, v, beta, lam):
             return chunk_falcon(q, k, v, beta, lam, variant=variant, window=WINDOW, lam_mode="scaled",
                                 backend=backend)[0]
-        if op.endswith("-banded"):
+        if op.endswith("-scans"):
             import falcon_lab.kernels.triton as kt
 
             plain = fn
 
             def fn(*ins):  # the kernel family is chosen in the forward; autograd keeps it for the backward
-                prev, kt._FALCON_3A = kt._FALCON_3A, "banded"
+                prev, kt._FALCON_3A = kt._FALCON_3A, "scans"
                 try:
                     return plain(*ins)
                 finally:
@@ -183,7 +185,7 @@ def flops_model(op, B, T, H, K, V, C=CHUNK, W=WINDOW) -> float:
     2·(T/2)·(K+V) per token (the average prefix). The gates' and prep's elementwise work is left out."""
     d, e = K, V
     n = B * T * H
-    name = op.replace("torch_chunk_", "").replace("-banded", "")
+    name = op.replace("torch_chunk_", "").replace("-scans", "")
     per_tok = {
         "falcon-1A": 2 * C * (d + e) + 4 * d * e,
         "falcon-2A": 2 * C * (d + e) + 4 * d * e + C * e,
@@ -242,7 +244,7 @@ def time_op(op, shape, profile_dir=None):
         prof.export_chrome_trace(str(Path(profile_dir) / f"trace_{name}.json"))
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
         (Path(profile_dir) / f"profile_{name}.txt").write_text(table)
-    del ins
+    ins = None  # free the inputs (not `del`: the closures above share the name, which pyflakes then flags)
     return fwd, fwdbwd, peak, host
 
 
@@ -278,8 +280,10 @@ def time_core(op, shape):
                      shift=True, eps=1e-6, eps_gamma=1e-4, seen=torch.zeros(B, dtype=torch.long, device="cuda"))
     ins = [t.detach().contiguous().requires_grad_(True) for t in (q, ci.xw, ci.vw, ci.eta, ci.g)]
 
+    fused = False if op.endswith("-scans") else None  # falcon-3A-scans: the W scans; else FALCON_TRITON_3A's path
+
     def fn():
-        return core(*ins, None, delta=delta, window=W, read_after=True, chunk_size=64)[0]
+        return core(*ins, None, delta=delta, window=W, read_after=True, chunk_size=64, fused_window=fused)[0]
 
     with torch.no_grad():
         fwd = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
@@ -369,7 +373,7 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
                 row.update(bw_floor_frac_fwd=lf["bw"], bw_floor_frac_fwdbwd=lfb["bw"], tc_peak_frac_fwd=lf["tc"],
                            tc_peak_frac_fwdbwd=lfb["tc"], bound_fwdbwd=lfb["bound"],
                            model_gflop_fwd=round(flops_model(op, B, T, H, K, K) / 1e9, 3))
-                if op in ("falcon-1", "falcon-1A", "falcon-3A"):
+                if op in ("falcon-1", "falcon-1A", "falcon-3A", "falcon-3A-scans"):
                     cf, cfb = time_core(op, shape)
                     row.update(core_fwd_ms=round(cf, 4), core_fwdbwd_ms=round(cfb, 4))
                     row["core_bw_floor_frac_fwdbwd"] = round(bytes_floor(op, B, T, H, K, K, False) / HBM_BPS * 1e3 / cfb, 4)

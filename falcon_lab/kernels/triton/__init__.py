@@ -5,11 +5,16 @@
 What runs where (docs/kernels-triton.md):
   * scalar gates, window 1, delta or linear (Falcon-1, Falcon-1A): chunk kernels, Triton forward and
     Triton backward (chunk.py);
-  * scalar gates, window W > 1, linear (Falcon-3A): by default the sum of W shifted Falcon-1A scans,
-    each one the same Triton kernels (W x the cost of Falcon-1A; proven on the H200); or, asked for with
-    FALCON_TRITON_3A=banded / core(fused_window=True), ONE scan with the window as a banded intra-chunk
-    mask (window_linear.py, 2 <= W <= 16): interpreter-tested against float64; on the H200 its bf16 core
-    rows pass except K = 128 at chunk 64 (so it runs at chunk <= 32 above K = 64), fp32 at K = 128 unproven;
+  * scalar gates, window W > 1, linear (Falcon-3A): by default (since 2026-12-03) ONE scan with the window as a
+    banded intra-chunk mask (window_linear.py, 2 <= W <= 16; at chunk <= 32 above K = 64, as K = 128 at chunk 64
+    failed on the H200 on 2026-12-02). Proven on the H200: its whole `bench check --variants 3A` sweep, 29 of 29 rows
+    without a failure at c2485d2 (the 22 core rows, bf16 and fp32, K = 16/64/128, every chunk size; the public op
+    with ragged cu_seqlens and continuation; CUDA-graph decode; its 4 varlen-native rows "not implemented", as it
+    has no packed form): benchmarks/results/h200_logs/kernels_2026-12-03b/call3_c2485d2/check_banded3a_sweep/; in
+    the same run's `bench kernels` (benchmarks/results/kernels_h200.json) it took 0.56-0.68x the W scans' fwd+bwd
+    time at lower peak memory. FALCON_TRITON_3A=scans / core(fused_window=False) keeps the sum of W shifted
+    Falcon-1A scans, each one the same Triton kernels (W x the cost of Falcon-1A; proven on the H200), which also
+    run every packed call (cu_seqlens) and windows W > 16 whatever the setting;
   * T = 1 without gradients (decoding): one fused kernel (decode.py); on CUDA used for all six, whose
     graph-replayed output was checked on the H200 (Falcon-3 and -3A since 2026-12-03; Falcon-3's graph capture had
     failed there once, with cuSOLVER in its prep, since removed);
@@ -38,9 +43,10 @@ What runs where (docs/kernels-triton.md):
   * packed sequences (cu_seqlens) for Falcon-1, -1A, -2, -2A, the Falcon-3A scans and Falcon-3's expansion: the chunk
     kernels read the packed batch (VARLEN branches in chunk.py, percol.py, percol_delta.py, and in the window-1 fused
     prep, prep.py; windowed variants' pair stream packs each sequence's W-1 carried rows before its pairs; Falcon-3's
-    pseudo-tokens of sequence s start at cu[s]·W), no padding to [N, T_max]; interpreter-tested against float64 and,
-    except Falcon-3's (since 2026-12-02, eighth session), proven on the H200 (bf16 and fp32, C = 16 and 64);
-    FALCON_TRITON_VARLEN=pad pads as Falcon-3 in place and the banded 3A do;
+    pseudo-tokens of sequence s start at cu[s]·W), no padding to [N, T_max]; interpreter-tested against float64 and
+    proven on the H200 (bf16 and fp32, C = 16 and 64; Falcon-3's since 2026-12-03); the banded Falcon-3A has no
+    packed form, so a packed Falcon-3A call runs the W scans natively under either FALCON_TRITON_3A; Falcon-3 in
+    place (FALCON_TRITON_3=gather) pads, and FALCON_TRITON_VARLEN=pad pads every variant;
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
 before triton is first imported (the tests start a subprocess for that).
 """
@@ -56,7 +62,7 @@ from ..spec import FalconSpec
 from .decode import decode_step
 from .ops import chunk_core, plain_eager
 from .prep import fused_prepare
-from .window_linear import chunk_for as window_chunk_for
+from .window_linear import BW as WINDOW_LINEAR_MAX_W, chunk_for as window_chunk_for
 
 __all__ = ["core", "check", "supports", "decode_step", "interpreter_active", "prep_check", "fused_prepare",
            "varlen_check", "PROVEN_CHUNK", "PROVEN_DECODE", "PROVEN_PREP", "PROVEN_VARLEN"]
@@ -76,10 +82,13 @@ def _read_interpret() -> bool:
 _INTERPRET = _read_interpret()
 _UNPROVEN = os.environ.get("FALCON_TRITON_UNPROVEN", "0") == "1"
 _TF32 = os.environ.get("FALCON_TRITON_TF32", "0") == "1"
-# Falcon-3A: "scans" (W Falcon-1A scans, proven on the H200) or "banded" (window_linear.py, one scan with the
-# window as a banded intra-chunk mask: interpreter-tested, partly proven on the H200). Ours; `core(fused_window=)`
-# overrides it per call.
-_FALCON_3A = os.environ.get("FALCON_TRITON_3A", "scans")
+# Falcon-3A: "banded" (window_linear.py, one scan with the window as a banded intra-chunk mask; the default since
+# 2026-12-03: its whole `bench check --variants 3A` sweep, 29/29 rows without a failure on the H200 at c2485d2,
+# benchmarks/results/h200_logs/kernels_2026-12-03b/call3_c2485d2/check_banded3a_sweep/ (README.md in
+# kernels_2026-12-03b/), at 0.56-0.68x the W scans' fwd+bwd time in the same run's benchmarks/results/kernels_h200.json)
+# or "scans" (W Falcon-1A scans, proven on the H200; the opt-out). Packed calls (cu_seqlens) and windows above the
+# banded kernel's 16 run the scans either way. Ours; `core(fused_window=)` overrides it per call.
+_FALCON_3A = os.environ.get("FALCON_TRITON_3A", "banded")
 if _FALCON_3A not in ("scans", "banded"):
     raise ValueError(f"FALCON_TRITON_3A must be 'scans' or 'banded', got {_FALCON_3A!r}")
 # Falcon-3: "expand" (the T·W pseudo-tokens materialised on the host, proven on the H200) or "gather" (the chunk
@@ -151,11 +160,13 @@ def varlen_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") ->
         return False, "FALCON_TRITON_VARLEN=pad"
     if spec.window(window) != 1 and spec.delta and _FALCON_3 != "expand":
         return False, "native packed sequences run Falcon-3 on its host expansion, not in place (FALCON_TRITON_3)"
-    if spec.window(window) != 1 and not spec.delta and _FALCON_3A != "scans":
-        return False, "native packed sequences run Falcon-3A as W scans, not the banded kernel (FALCON_TRITON_3A)"
+    # Falcon-3A: the banded kernel (FALCON_TRITON_3A=banded, the default) has no packed form, so `core` runs a packed
+    # call as the W scans, natively (proven: "3A" in PROVEN_VARLEN); only the unpacked calls take the banded scan
     if device_type == "cuda" and not (spec.variant in PROVEN_VARLEN or _unproven_enabled()):
         return False, (f"the native packed-sequence kernels of {spec.label} are not proven on the H200 "
                        "(FALCON_TRITON_UNPROVEN=1 runs them anyway)")
+    if spec.window(window) != 1 and not spec.delta:
+        return True, "native packed sequences (chunk kernels read cu_seqlens; Falcon-3A as its W scans)"
     return True, "native packed sequences (chunk kernels read cu_seqlens)"
 
 
@@ -216,7 +227,8 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     padding.
 
     fused_window: the window inside the kernels: Falcon-3A (window > 1, no delta) in one banded scan (True) or as W
-    Falcon-1A scans (False), None following FALCON_TRITON_3A (default "scans", the path proven on the H200);
+    Falcon-1A scans (False), None following FALCON_TRITON_3A (default "banded" since 2026-12-03, proven on the H200;
+    with cu_seqlens, or a window above 16, None runs the scans);
     Falcon-3 with its pseudo-tokens read in place (True) or expanded on the host (False), None following
     FALCON_TRITON_3 (default "expand", the path proven on the H200).
 
@@ -288,7 +300,8 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
         o_e, s = chunk_core(qe, xe, ve, ee, ge, S0, "scalar", (True, read_after, chunk_size, 0, tf32, False, W, 0),
                             cu_e)
         return o_e.view(B, T, W, H, V)[:, :, 0], s
-    if cu_seqlens is None and (fused_window if fused_window is not None else _FALCON_3A == "banded"):
+    if cu_seqlens is None and (fused_window if fused_window is not None else
+                               _FALCON_3A == "banded" and W <= WINDOW_LINEAR_MAX_W):
         C = window_chunk_for(q.shape[-1], chunk_size)  # K = 128, C = 64 failed on the H200 (window_linear.py)
         return chunk_core(q, xw, vw, eta, g, S0, "window_linear", (read_after, C, W, tf32))
     # Falcon-3A: S = Σ_m S^(m), scan m writes the pairs W-1-m rows back (falcon-math.md §4.1).

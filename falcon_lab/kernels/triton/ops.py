@@ -9,7 +9,7 @@ Two operators serve every kernel family:
 
 `family` names the kernel set ("scalar": chunk.py, Falcon-1/1A and the scans of 3/3A; "percol":
 percol.py, Falcon-2A; "percol_delta": percol_delta.py, Falcon-2; "window_linear": window_linear.py, Falcon-3A
-in one scan, opt-in until proven on a GPU); `cfg` is its integer configuration
+in one scan, the default since proven on the H200 on 2026-12-03); `cfg` is its integer configuration
 (see _FAMILIES). Each family contributes a forward, a backward and the shapes of what its forward saves
 (for the fake tensors compile traces with). The inputs q, x, v, eta, g are saved by autograd itself;
 only the family's intermediate tensors are extra outputs (custom operators may not return views of their

@@ -29,6 +29,8 @@ by fp32 value tiles >= 32.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -37,11 +39,24 @@ from .common import (_chunk_rows, _empty, _state_init, _state_put, _state_tile, 
                      cdiv, launch, varlen_args)
 from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 
+# The per-column solves inside the two sequential state passes: "blocked" (SBS = 16-row sub-blocks, the off-diagonal
+# coupling as tensor-core dots through a [K, BV] accumulator, only the diagonal blocks substituted: ours) or "rows"
+# (C-step substitution over the whole [C, BV] chunk, proven on the H200 on 2026-12-02). The same arithmetic.
+SOLVE = os.environ.get("FALCON_TRITON_2_SOLVE", "blocked")
+if SOLVE not in ("rows", "blocked"):
+    raise ValueError(f"FALCON_TRITON_2_SOLVE must be 'rows' or 'blocked', got {SOLVE!r}")
+
+
+def _solve_args(C: int) -> tuple:
+    """(BLOCKED, SBS) for the state passes: sub-blocks of 16 rows (C = 16 is one block, the rows form)."""
+    return SOLVE == "blocked" and C > 16, min(16, C)
+
 
 @triton.jit
 def _pcd_fwd_state(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K: tl.constexpr,
                    V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   HAS_S0: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+                   HAS_S0: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr,
+                   BLOCKED: tl.constexpr, SBS: tl.constexpr):
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -75,21 +90,109 @@ def _pcd_fwd_state(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K: tl.
         u = tl.cumsum(g, 0)
         up = u - g
         uC = tl.sum(g, 0)
-        gram = tl.dot(x, tl.trans(x), input_precision=PREC)  # [C, C]
         R = v - tl.exp(up) * tl.dot(x, S.to(x.dtype), input_precision=PREC)
-        # forward substitution, column-oriented: R_s is final once rows < s are done
-        for s in range(0, C):
-            sel = i == s
-            r_s = tl.sum(tl.where(sel[:, None], R, 0.), 0)
-            u_s = tl.sum(tl.where(sel[:, None], u, 0.), 0)
-            e_s = tl.sum(tl.where(sel[:, None], eta, 0.), 0)
-            g_s = tl.sum(tl.where(sel[None, :], gram, 0.), 1)  # (x_i·x_s) over i
-            coef = tl.where((i > s)[:, None], g_s[:, None] * tl.exp(tl.minimum(up - u_s[None, :], 0.)), 0.)
-            R = R - coef * (e_s * r_s)[None, :]
-        tl.store(RR + off, R, mask=vm)
-        w = R * eta * tl.exp(tl.minimum(uC[None, :] - u, 0.))
-        S = S * tl.exp(uC)[None, :] + tl.dot(tl.trans(x), w.to(x.dtype), input_precision=PREC)
+        if BLOCKED:
+            # the right-hand sides of the whole chunk, then the solve by SBS-row sub-blocks (_fwd_solve_blocked)
+            tl.store(RR + off, R, mask=vm)
+            tl.debug_barrier()
+            A = _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H, K, V, C, BK, BV, SBS, PREC)
+            S = S * tl.exp(uC)[None, :] + A
+        else:
+            R = _subst_fwd(R, tl.dot(x, tl.trans(x), input_precision=PREC), eta, u, up, i, C)
+            tl.store(RR + off, R, mask=vm)
+            w = R * eta * tl.exp(tl.minimum(uC[None, :] - u, 0.))
+            S = S * tl.exp(uC)[None, :] + tl.dot(tl.trans(x), w.to(x.dtype), input_precision=PREC)
     tl.store(ST + bh64 * K * V + soff, S, mask=smask)
+
+
+@triton.jit
+def _subst_fwd(R, gram, eta, u, up, i, N: tl.constexpr):
+    """(I + L) R_new = R for one diagonal block by forward substitution, column-oriented (R_s is final once the
+    rows < s are done); L[i, s] = [s < i] gram[i, s] e^{u⁻_i - u_s} η_s per value column; rows i = tl.arange."""
+    for s in range(0, N):
+        sel = i == s
+        r_s = tl.sum(tl.where(sel[:, None], R, 0.), 0)
+        u_s = tl.sum(tl.where(sel[:, None], u, 0.), 0)
+        e_s = tl.sum(tl.where(sel[:, None], eta, 0.), 0)
+        g_s = tl.sum(tl.where(sel[None, :], gram, 0.), 1)  # (x_i·x_s) over i
+        coef = tl.where((i > s)[:, None], g_s[:, None] * tl.exp(tl.minimum(up - u_s[None, :], 0.)), 0.)
+        R = R - coef * (e_s * r_s)[None, :]
+    return R
+
+
+@triton.jit
+def _subst_bwd(d, gram, eta, u, up, i, N: tl.constexpr):
+    """(I + L)ᵀ d_new = d for one diagonal block by backward substitution (d_r is final once the rows > r are
+    done); L as in _subst_fwd."""
+    for rr in range(0, N):
+        r = N - 1 - rr
+        sel = i == r
+        d_r = tl.sum(tl.where(sel[:, None], d, 0.), 0)
+        up_r = tl.sum(tl.where(sel[:, None], up, 0.), 0)
+        g_r = tl.sum(tl.where(sel[:, None], gram, 0.), 0)  # (x_r·x_s) over s
+        coef = tl.where((i < r)[:, None], g_r[:, None] * tl.exp(tl.minimum(up_r[None, :] - u, 0.)) * eta, 0.)
+        d = d - coef * d_r[None, :]
+    return d
+
+
+@triton.jit
+def _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SBS: tl.constexpr,
+                       PREC: tl.constexpr):
+    """Chunk n's per-column systems (I + L) R = RHS (RHS in RR, overwritten by R) by SBS-row sub-blocks (ours):
+    for s in an earlier sub-block and i in sub-block a, L[i, s] = (x_i·x_s) e^{u⁻_i - u_s} η_s factors through the
+    sub-block start a0 as e^{u⁻_i - u_{a0}} · (x_i · A) with A = Σ_s x_s (e^{u_{a0} - u_s} η_s R_s)ᵀ, a [K, BV]
+    accumulator: the off-diagonal blocks become tensor-core dots, only the diagonal [SBS, SBS] blocks are
+    substituted (SBS steps of [SBS, BV] work instead of C steps of [C, BV]). Every exponent is a within-sub-block
+    difference <= 0. Returns A at the chunk end, Xᵀ (e^{u_C - u} ⊙ η ⊙ R): the state update's increment."""
+    j = tl.arange(0, SBS)
+    A = tl.zeros([BK, BV], dtype=tl.float32)
+    for a in range(0, C // SBS):
+        rows, rmask, tok, _ = _chunk_rows(b, h, n, a * SBS + j, T, T, 0, H, C)
+        xa = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+        vm = rmask[:, None] & vmask[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        ea = tl.load(ETA + off, mask=vm, other=0.)
+        ga = tl.load(G + off, mask=vm, other=0.)
+        ua = tl.cumsum(ga, 0)
+        upa = ua - ga
+        gs = tl.sum(ga, 0)
+        ra = tl.load(RR + off, mask=vm, other=0.) - tl.exp(upa) * tl.dot(xa, A.to(xa.dtype), input_precision=PREC)
+        ra = _subst_fwd(ra, tl.dot(xa, tl.trans(xa), input_precision=PREC), ea, ua, upa, j, SBS)
+        tl.store(RR + off, ra, mask=vm)
+        w = ra * ea * tl.exp(tl.minimum(gs[None, :] - ua, 0.))
+        A = A * tl.exp(gs)[None, :] + tl.dot(tl.trans(xa), w.to(xa.dtype), input_precision=PREC)
+    return A
+
+
+@triton.jit
+def _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SBS: tl.constexpr,
+                       PREC: tl.constexpr):
+    """The transposed solve (I + L)ᵀ drhs = d of chunk n (d in DRHS, overwritten by drhs) by SBS-row sub-blocks,
+    last first (ours): for s in sub-block a and i in a later one, L[i, s] drhs_i = η_s e^{u_{a1} - u_s} (x_s · Gc)
+    with a1 the sub-block's last row and Gc = Σ_i x_i (e^{u⁻_i - u_{a1}} drhs_i)ᵀ, a [K, BV] accumulator.
+    Returns Gc at the chunk start, Xᵀ (e^{u⁻} ⊙ drhs): minus the solve's right-hand side's part of dH."""
+    j = tl.arange(0, SBS)
+    Gc = tl.zeros([BK, BV], dtype=tl.float32)
+    NB: tl.constexpr = C // SBS
+    for aa in range(0, NB):
+        a = NB - 1 - aa
+        rows, rmask, tok, _ = _chunk_rows(b, h, n, a * SBS + j, T, T, 0, H, C)
+        xa = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+        vm = rmask[:, None] & vmask[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        ea = tl.load(ETA + off, mask=vm, other=0.)
+        ga = tl.load(G + off, mask=vm, other=0.)
+        ua = tl.cumsum(ga, 0)
+        upa = ua - ga
+        gs = tl.sum(ga, 0)
+        da = tl.load(DRHS + off, mask=vm, other=0.) \
+            - ea * tl.exp(tl.minimum(gs[None, :] - ua, 0.)) * tl.dot(xa, Gc.to(xa.dtype), input_precision=PREC)
+        da = _subst_bwd(da, tl.dot(xa, tl.trans(xa), input_precision=PREC), ea, ua, upa, j, SBS)
+        tl.store(DRHS + off, da, mask=vm)
+        Gc = Gc * tl.exp(gs)[None, :] + tl.dot(tl.trans(xa), (tl.exp(upa) * da).to(xa.dtype), input_precision=PREC)
+    return Gc
 
 
 @triton.jit
@@ -138,7 +241,8 @@ def _pcd_bwd_dui(Q, X, G, DO, DUI, T, H: tl.constexpr, K: tl.constexpr, V: tl.co
 def _pcd_bwd_state(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H: tl.constexpr,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr,
-                   PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+                   PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr, BLOCKED: tl.constexpr,
+                   SBS: tl.constexpr):
     """Reverse state pass: dH (the gradient of the state after each chunk), the state part of dU, and
     drhs = (I + L)^{-T} (η ⊙ dU) by backward substitution; the solve's right-hand side reads S, so
     dH gains Xᵀ(-e^{u⁻} ⊙ drhs)."""
@@ -189,20 +293,16 @@ def _pcd_bwd_state(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H: tl
         dsu = tl.dot(x, dH.to(dt), input_precision=PREC) * tl.exp(tl.minimum(uC[None, :] - u, 0.))
         tl.store(DSU + off, dsu, mask=vm)
         d = eta * (tl.load(DUI + off, mask=vm, other=0.) + dsu)
-        gram = tl.dot(x, tl.trans(x), input_precision=PREC)
-        # backward substitution with (I + L)ᵀ: d_r is final once rows > r are done
-        for rr in range(0, C):
-            r = C - 1 - rr
-            sel = i == r
-            d_r = tl.sum(tl.where(sel[:, None], d, 0.), 0)
-            up_r = tl.sum(tl.where(sel[:, None], up, 0.), 0)
-            g_r = tl.sum(tl.where(sel[:, None], gram, 0.), 0)  # (x_r·x_s) over s
-            coef = tl.where((i < r)[:, None], g_r[:, None] * tl.exp(tl.minimum(up_r[None, :] - u, 0.)) * eta, 0.)
-            d = d - coef * d_r[None, :]
-        tl.store(DRHS + off, d, mask=vm)
-        dpx = -tl.exp(up) * d
-        dH = dH * tl.exp(uC)[None, :] + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(dt), input_precision=PREC) \
-            + tl.dot(tl.trans(x), dpx.to(dt), input_precision=PREC)
+        if BLOCKED:
+            tl.store(DRHS + off, d, mask=vm)
+            tl.debug_barrier()
+            xd = _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H, K, V, C, BK, BV, SBS,
+                                    PREC)
+        else:
+            d = _subst_bwd(d, tl.dot(x, tl.trans(x), input_precision=PREC), eta, u, up, i, C)
+            tl.store(DRHS + off, d, mask=vm)
+            xd = tl.dot(tl.trans(x), (tl.exp(up) * d).to(dt), input_precision=PREC)
+        dH = dH * tl.exp(uC)[None, :] + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(dt), input_precision=PREC) - xd
     if STORE_DS0:
         tl.store(DS0 + bh64 * K * V + soff, dH, mask=smask)
 
@@ -317,7 +417,8 @@ def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_s
     RR = torch.empty(B, T, H, V, dtype=f32, device=dev)
     ST = _empty((NS, H, K, V), f32, dev)
     _pcd_fwd_state[(cdiv(V, BVs), NS * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T,
-                                           NT, H, K, V, C, BK, BVs, S0 is not None, prec, *va, **st)
+                                           NT, H, K, V, C, BK, BVs, S0 is not None, prec, *va, *_solve_args(C),
+                                           **st)
     OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
     _pc_fwd_inter[(cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
                                              prec, *va, **st)
@@ -362,7 +463,7 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     _pcd_bwd_state[(cdiv(V, BVb), NS * H)](
         q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS,
         DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BVb, read_after, dST is not None, need_ds0,
-        prec, *va, num_warps=8, **st)
+        prec, *va, *_solve_args(C), num_warps=8, **st)
     # Falcon-2A's backward with R as the values: dq (final), the read-out and state-update parts of
     # dx, dη and d log γ. Its "dv" is η ⊙ dU, already used above: written over the spent DUI.
     DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)

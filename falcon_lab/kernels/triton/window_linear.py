@@ -27,10 +27,14 @@ _wl_bwd_state (reverse sequential), _wl_bwd_main (per chunk). W <= 16.
 
 Status: interpreter-tested (tests/test_triton_interp.py, `fused` cases) against the float64 loop. On the H200
 (2026-12-02, 273f685 and 5d7a5d8) `bench check --variants 3A` passed every row at K <= 64 and K = 128 with
-C <= 32 that it reached, and failed at K = 128, C = 64 (see `chunk_for`, which now avoids that chunk); the
-sweep stopped at the first fp32 K = 128 row, so fp32 at K = 128, the public op and decode are unproven and
-`core` uses it only when asked (`fused_window=True` or FALCON_TRITON_3A=banded). Timed at (16, 2048, 12, 64)
-bf16: fwd+bwd 5.40 ms against the W-scans' 7.79 ms (0.69x) and Falcon-1A's 3.73 ms (1.45x), one run.
+C <= 32 that it reached, and failed at K = 128, C = 64 (see `chunk_for`, which now avoids that chunk). With that
+cap its whole sweep passed on 2026-12-03 at c2485d2 (29/29 rows without a failure: every core row, bf16 and fp32,
+K = 16/64/128, the public op with continuation, CUDA-graph decode; the varlen-native rows "not implemented":
+benchmarks/results/h200_logs/kernels_2026-12-03b/call3_c2485d2/check_banded3a_sweep/), so `core` runs it by default
+(FALCON_TRITON_3A=banded; `=scans` or `fused_window=False` keeps the W scans, which also run every packed call).
+Timed in the full `bench kernels` of that commit (benchmarks/results/kernels_h200.json, public op, bf16): fwd+bwd
+3.13 / 3.53 / 3.62 / 5.93 ms against the W scans' 4.60 / 5.56 / 5.45 / 10.53 ms (0.56-0.68x) at (16, 2048, 12, 64),
+(4, 8192, 12, 64), (16, 2048, 6, 128), (1, 32768, 6, 128), at lower peak memory (985 vs 1278 MB at K = 64).
 """
 
 from __future__ import annotations
