@@ -36,6 +36,9 @@
 #              C-step substitution, "rows"): `bench check --variants 2` with the default (blocked), then `bench kernels
 #              --ops falcon-1,falcon-2` with rows and with blocked (one process each); f3gather_rest: rows 24-29 of
 #              Falcon-3-gather's sweep;
+#   eig        Falcon-3's mu_t squarings in one Triton kernel (triton/eig.py): rows 23-29 of `bench check --variants 3`
+#              (the public op, decode, varlen-native: the rows whose prep runs it) with FALCON_TRITON_UNPROVEN=1, then
+#              `bench kernels --quick --ops falcon-3` with the PyTorch squarings (FALCON_TRITON_PREP=torch) and with it;
 #   fla_warm   experiments/h200/fla_warm.py with TRITON_CACHE_AUTOTUNING=1 and TRITON_CACHE_DIR=$PWD/.tcache: fla's
 #              autotuning cached (the *.autotune.json files are packed) so the next call's default `bench kernels`
 #              fits its 10 minutes.
@@ -116,6 +119,11 @@ cstep f2solve_check 330 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench
   --out "$W/check_f2solve"
 cstep f3gather_rest 240 env FALCON_TRITON_3=gather FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
   --variants 3 --rows 24-29 --out "$W/check_f3gather_rest"
+# Falcon-3's mu_t squarings in one Triton kernel (triton/eig.py, FALCON_TRITON_UNPROVEN=1 turns it on): the rows of
+# Falcon-3's sweep that run the prep (public op, decode, varlen-native)
+want eig && STEPS="$STEPS eig_check eig_time"
+cstep eig_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 3 --rows 23-29 \
+  --out "$W/check_eig"
 wait
 # timing steps, alone on the GPU
 step f2solve_time 300 bash -c "for m in rows blocked; do FALCON_TRITON_2_SOLVE=\$m python3 -m falcon_lab.bench \
@@ -136,6 +144,9 @@ step profile1 300 env FALCON_TRITON_UNPROVEN=1 TRITON_CACHE_AUTOTUNING=1 TRITON_
   --profile --out "$W/profile1"
 step kernels 480 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --out "$W/kernels" \
   --ops falcon-1,falcon-1A,falcon-2,falcon-3,falcon-3A,falcon-3A-scans,falcon-2A,sdpa_flash
+step eig_time 150 bash -c "FALCON_TRITON_PREP=torch python3 -m falcon_lab.bench kernels --quick --ops falcon-3 \
+  --out $W/kernels_eig_torch; FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --quick --ops falcon-3 \
+  --out $W/kernels_eig_triton"
 step f2a_time 240 bash -c "for m in exact blocked; do FALCON_TRITON_2A=\$m FALCON_TRITON_UNPROVEN=1 python3 -m \
   falcon_lab.bench kernels --ops \${F2A_OPS:-falcon-1,falcon-2A,falcon-2} --out $W/kernels_2a_\$m; done"
 step statebv_time 240 bash -c "for m in off auto; do FALCON_TRITON_STATE_BV=\$m \

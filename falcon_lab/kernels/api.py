@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -125,11 +126,21 @@ def _state_structure(st, N, H, K, V, W, q) -> list:
     return out
 
 
-def _fused_prep(spec, W, q) -> bool:
-    """Whether the Triton backend's fused prep prepares this call (falcon_lab/kernels/triton: prep_check)."""
-    from .triton import prep_check
+def _triton_prep(spec, W, q, *, packed: bool = False):
+    """The prep of a Triton-backend call (same arguments, same CoreInputs as prep.prepare): the fused prep kernels
+    (triton.prep_check; a packed call only at window 1), Falcon-3's PyTorch prep with its μ_t squarings in one
+    kernel (triton.eig_check), or the PyTorch prep."""
+    from .triton import eig_check, prep_check
 
-    return prep_check(spec, window=W, dtype=q.dtype, device_type=q.device.type)[0]
+    if prep_check(spec, window=W, dtype=q.dtype, device_type=q.device.type)[0] and (W == 1 or not packed):
+        from .triton import fused_prepare
+
+        return fused_prepare
+    if eig_check(spec, window=W, device_type=q.device.type)[0]:
+        from .triton.eig import top_eigvec
+
+        return functools.partial(prepare, eigvec=top_eigvec)
+    return prepare
 
 
 def _packed_natively(spec, W, q, k, v, beta, lam, S0, backend, mode):
@@ -161,9 +172,7 @@ def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read,
             cs = cu_seqlens.to(q.device)
             lengths = cs[1:] - cs[:-1]
             seen = st.seen.to(q.device) if st is not None else torch.zeros_like(lengths)
-            prep = prepare
-            if W == 1 and _fused_prep(spec, W, q):  # the windowed fused prep has no packed form: PyTorch's
-                from .triton import fused_prepare as prep  # same arguments, same CoreInputs
+            prep = _triton_prep(spec, W, q, packed=True)  # the windowed fused prep has no packed form
             inp = prep(k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
                        shift=shift, eps=eps, eps_gamma=eps_gamma, seen=seen,
                        last_k=st.last_k if st is not None else None,
@@ -200,9 +209,7 @@ def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read,
     grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, beta, lam, *([S0] if S0 is not None else [])))
     choice = select(spec, q, window=W, grad=grad, backend=backend, step=(mode == "step"))
-    prep = prepare
-    if choice.label == "triton" and _fused_prep(spec, W, q):
-        from .triton import fused_prepare as prep  # same arguments, same CoreInputs
+    prep = _triton_prep(spec, W, q) if choice.label == "triton" else prepare
     inp = prep(k, v, beta, lam, variant=variant, window=window, step=step, lam_mode=lam_mode,
                shift=shift, eps=eps, eps_gamma=eps_gamma, seen=seen,
                last_k=st.last_k if st is not None else None,

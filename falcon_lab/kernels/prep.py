@@ -9,7 +9,7 @@ position t (1-based) writes the pair (x_t, y_t) = (φ(k_{t-1}), v_t) (shift) or 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -52,6 +52,8 @@ def prepare(
     valid: Optional[torch.Tensor] = None,  # [B, T] bool: False on right padding (varlen)
     cu_seqlens: Optional[torch.Tensor] = None,  # [N+1]: B = 1 holds N packed sequences (seen, last_k, tails per
     # sequence); then xw / vw are the packed pair stream: each sequence's W-1 carried tail rows, then its pairs
+    eigvec: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,  # Falcon-3: the squarings' top eigenvector
+    # ([.., W, W] fp32 -> [.., W, 1], no gradient) from elsewhere, e.g. the Triton kernel (triton/eig.py)
 ) -> CoreInputs:
     spec = FalconSpec.from_variant(variant)
     per_column, windowed = spec.per_column, spec.windowed
@@ -121,7 +123,7 @@ def prepare(
         else:  # "3": top eigenvalue of the W x W window Gram (zero rows add zero eigenvalues)
             with torch.autocast(xc.device.type, enabled=False):  # the Gram in cd, not autocast's bf16
                 gram = win.transpose(-1, -2) @ win  # [B, T, H, W, W]
-                stat = _largest_eig(gram) / count.clamp(min=1)[..., None]  # μ_t
+                stat = _largest_eig(gram, eigvec=eigvec) / count.clamp(min=1)[..., None]  # μ_t
 
     # ---- λ_t, η_t, γ_t ----------------------------------------------------------------------
     lam_c = lam.to(cd)
@@ -149,7 +151,8 @@ def prepare(
     return CoreInputs(xw=xw, vw=vw, eta=eta, g=g, stat=stat)
 
 
-def _largest_eig(gram: torch.Tensor, squarings: Optional[int] = None) -> torch.Tensor:
+def _largest_eig(gram: torch.Tensor, squarings: Optional[int] = None,
+                 eigvec: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
     """Largest eigenvalue of each symmetric positive semi-definite [.., n, n] matrix (the window Gram),
     without cuSOLVER (ours). Repeated squaring of the trace-normalised matrix, P <- (P / tr P)^2, turns it
     into its top eigenprojector (the other eigenvalues shrink as (λ_i/λ_1)^(2^j)); a column of P is then
@@ -170,17 +173,25 @@ def _largest_eig(gram: torch.Tensor, squarings: Optional[int] = None) -> torch.T
     if squarings is None:
         squarings = 40 if g.dtype == torch.float64 else 20
     with torch.autocast(g.device.type, enabled=False):  # every product in g's dtype
-        with torch.no_grad():
-            p = g.detach()
-            tiny = torch.finfo(p.dtype).tiny
-            for _ in range(squarings):
-                tr = p.diagonal(dim1=-2, dim2=-1).sum(-1).clamp(min=tiny)
-                p = p / tr[..., None, None]
-                p = p @ p
-            col = p.diagonal(dim1=-2, dim2=-1).argmax(-1)  # the column with the largest top-eigenvector weight
-            v = torch.take_along_dim(p, col[..., None, None], dim=-1)  # [.., n, 1]
+        if eigvec is not None and g.dtype == torch.float32 and squarings == 20:  # the same squarings, one kernel
+            v = eigvec(g)
+        else:
+            v = _top_eigvec_torch(g, squarings)
         num = (v * (g @ v)).sum((-2, -1))
     den = (v * v).sum((-2, -1))
     ok = den > 0
     top = torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num))
     return top.to(gram.dtype)
+
+
+def _top_eigvec_torch(g: torch.Tensor, squarings: int) -> torch.Tensor:
+    """_largest_eig's top eigenvector ([.., n, 1], no gradient) by `squarings` squarings of the trace-normalised g."""
+    with torch.no_grad():
+        p = g.detach()
+        tiny = torch.finfo(p.dtype).tiny
+        for _ in range(squarings):
+            tr = p.diagonal(dim1=-2, dim2=-1).sum(-1).clamp(min=tiny)
+            p = p / tr[..., None, None]
+            p = p @ p
+        col = p.diagonal(dim1=-2, dim2=-1).argmax(-1)  # the column with the largest top-eigenvector weight
+        return torch.take_along_dim(p, col[..., None, None], dim=-1)  # [.., n, 1]

@@ -65,7 +65,8 @@ from .prep import fused_prepare
 from .window_linear import BW as WINDOW_LINEAR_MAX_W, chunk_for as window_chunk_for
 
 __all__ = ["core", "check", "supports", "decode_step", "interpreter_active", "prep_check", "fused_prepare",
-           "varlen_check", "PROVEN_CHUNK", "PROVEN_DECODE", "PROVEN_PREP", "PROVEN_VARLEN"]
+           "varlen_check", "eig_check", "PROVEN_CHUNK", "PROVEN_DECODE", "PROVEN_EIG", "PROVEN_PREP",
+           "PROVEN_VARLEN"]
 
 
 def _read_interpret() -> bool:
@@ -184,6 +185,28 @@ def prep_check(spec: FalconSpec, *, window: int, dtype: torch.dtype, device_type
         return False, (f"the fused prep of {spec.label} is not proven on the H200 "
                        "(FALCON_TRITON_UNPROVEN=1 runs it anyway)")
     return True, "fused prep kernels"
+
+
+# Falcon-3's μ_t squarings in one kernel (eig.py, ours): interpreter-tested against the PyTorch squarings; not yet
+# run on a GPU.
+PROVEN_EIG = False
+
+
+def eig_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") -> tuple[bool, str]:
+    """(whether a Triton-backend Falcon-3 call takes μ_t's top eigenvector from the one-kernel squarings (eig.py) in
+    its otherwise PyTorch prep, why)."""
+    W = spec.window(window)
+    if not (spec.delta and W > 1):
+        return False, "only Falcon-3 (window > 1, regression) has μ_t"
+    if _PREP != "fused":
+        return False, "FALCON_TRITON_PREP=torch"
+    if W & (W - 1) or W > 16:
+        return False, f"the one-kernel squarings take windows 2, 4, 8, 16, got {W}"
+    if not plain_eager():
+        return False, "torch.compile / a dispatch mode: the PyTorch squarings are traced (Inductor fuses them)"
+    if device_type == "cuda" and not (PROVEN_EIG or _unproven_enabled()):
+        return False, "the one-kernel squarings are not proven on the H200 (FALCON_TRITON_UNPROVEN=1 runs them anyway)"
+    return True, "μ_t's squarings in one Triton kernel (eig.py)"
 
 
 def check(spec: FalconSpec, *, window: int, T: int = 2, grad: bool = True,

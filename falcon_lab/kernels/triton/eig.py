@@ -1,0 +1,63 @@
+"""Falcon-3's μ_t helper: the top eigenvector of many small symmetric PSD matrices (the W x W window Grams), in one
+Triton kernel (ours).
+
+`prep._largest_eig` takes μ_t (the window Gram's largest eigenvalue) by repeated squaring of the trace-normalised
+matrix, P <- (P / tr P)^2, which turns it into its top eigenprojector; a column of P is then a top eigenvector v,
+and μ_t is the Rayleigh quotient vᵀGv / vᵀv (with eigvalsh's gradient, v held constant). In PyTorch the squarings
+are ~90 launches of batched 4 x 4 products over B·T·H matrices, the largest share of Falcon-3's prep. Here one
+program holds BL matrices in registers and runs all the squarings, the diagonal argmax and the column pick; the
+Rayleigh quotient and its gradient stay in PyTorch (`prep._largest_eig`), so the arithmetic that reaches the
+loss is unchanged. The products are written as W rank-1 updates (Σ_k c_k c_kᵀ, P symmetric), not as a sum of a
+broadcast product, which Triton's combiner would turn into a tf32 dot (tests/test_triton_lint.py).
+
+Status: interpreter-tested against the PyTorch squarings (tests/test_triton_eig.py); not yet run on a GPU, so on
+CUDA it runs only with FALCON_TRITON_UNPROVEN=1 (`eig_check` in falcon_lab/kernels/triton/__init__.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+SQUARINGS = 20  # fp32, as prep._largest_eig (its error bound is there)
+TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: prep._largest_eig's clamp of the trace
+
+
+@triton.jit
+def _top_eigvec(G, VOUT, N, W: tl.constexpr, BL: tl.constexpr, SQ: tl.constexpr, TINY_: tl.constexpr):
+    r = tl.program_id(0) * BL + tl.arange(0, BL)
+    m = r < N
+    r64 = r.to(tl.int64)
+    i = tl.arange(0, W)
+    p = tl.load(G + r64[:, None, None] * (W * W) + i[None, :, None] * W + i[None, None, :], mask=m[:, None, None],
+                other=0.)
+    eye = (i[:, None] == i[None, :])[None, :, :]
+    for _ in tl.static_range(SQ):
+        tr = tl.sum(tl.sum(tl.where(eye, p, 0.), 2), 1)
+        p = p / tl.maximum(tr, TINY_)[:, None, None]
+        q = tl.zeros([BL, W, W], dtype=tl.float32)
+        for k in tl.static_range(W):
+            c = tl.sum(tl.where((i == k)[None, None, :], p, 0.), 2)  # column k = row k (P is symmetric)
+            q += c[:, :, None] * c[:, None, :]
+        p = q
+    d = tl.sum(tl.where(eye, p, 0.), 2)  # [BL, W]: the diagonal
+    col = tl.argmax(d, 1)
+    v = tl.sum(tl.where(i[None, None, :] == col[:, None, None], p, 0.), 2)  # column `col` of P
+    tl.store(VOUT + r64[:, None] * W + i[None, :], v, mask=m[:, None])
+
+
+def top_eigvec(gram: torch.Tensor) -> torch.Tensor:
+    """[.., n, n] symmetric PSD fp32 matrices (n a power of two <= 16) -> [.., n, 1] fp32, a top eigenvector of each
+    (unnormalised; zero for a zero matrix), without gradient: what prep._largest_eig's squaring loop computes."""
+    n = gram.shape[-1]
+    if gram.dtype != torch.float32 or n & (n - 1) or not 2 <= n <= 16 or gram.shape[-2] != n:
+        raise ValueError(f"top_eigvec takes fp32 [.., n, n] with n a power of two in 2..16, got {gram.dtype} "
+                         f"{tuple(gram.shape)}")
+    g = gram.detach().reshape(-1, n, n).contiguous()
+    N = g.shape[0]
+    v = torch.empty(N, n, dtype=torch.float32, device=g.device)
+    BL = max(1, 1024 // (n * n))  # matrices per program: 1024 fp32 elements of P per program
+    if N:
+        _top_eigvec[(triton.cdiv(N, BL),)](g, v, N, n, BL, SQUARINGS, TINY)
+    return v.view(*gram.shape[:-1], 1)
