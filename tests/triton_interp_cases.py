@@ -169,6 +169,7 @@ if __name__ == "__main__":
         kt._FALCON_3A = "banded" if c.get("banded") else "scans" if c.get("scans") else default_3a
         kpercol.INTRA = c.get("intra", "exact")  # what FALCON_TRITON_2A=blocked sets
         kpdelta.SOLVE = c.get("solve", "blocked")  # what FALCON_TRITON_2_SOLVE=rows changes
+        kpdelta.BWD_SOLVE = c.get("bwd_solve", "exact")  # what FALCON_TRITON_2_BWD_SOLVE=blocked sets
         kcommon.STATE_BV = c.get("state_bv", "off")  # what FALCON_TRITON_STATE_BV sets
         try:
             if c.get("recompute"):

@@ -33,8 +33,10 @@
 #   f2torch    `bench kernels --quick` of Falcon-2 and -2A against the PyTorch chunk forms the Triton kernels replaced
 #              as the CUDA default (Falcon-2 since 2026-12-02), one process;
 #   f2solve    FALCON_TRITON_2_SOLVE (Falcon-2's state passes: per-column solves by 16-row sub-blocks, "blocked", or by
-#              C-step substitution, "rows"): `bench check --variants 2` with the default (blocked), then `bench kernels
-#              --ops falcon-1,falcon-2` with rows and with blocked (one process each); f3gather_rest: rows 24-29 of
+#              C-step substitution, "rows") and FALCON_TRITON_2_BWD_SOLVE (the solve's own gradients by sub-blocks,
+#              "blocked", or the [C, C, 4] broadcast, "exact"): `bench check --variants 2` with both blocked, then
+#              `bench kernels --ops falcon-1,falcon-2` with rows+exact and with blocked+blocked (one process each);
+#              f3gather_rest: rows 24-29 of
 #              Falcon-3-gather's sweep;
 #   eig        Falcon-3's mu_t squarings in one Triton kernel (triton/eig.py): rows 23-29 of `bench check --variants 3`
 #              (the public op, decode, varlen-native: the rows whose prep runs it) with FALCON_TRITON_UNPROVEN=1, then
@@ -115,8 +117,8 @@ cstep banded_api 240 env FALCON_TRITON_3A=banded FALCON_TRITON_UNPROVEN=1 python
 # The tenth session (2026-12-03): Falcon-2's state passes solving by 16-row sub-blocks (FALCON_TRITON_2_SOLVE=blocked,
 # the new default in percol_delta.py): the whole sweep with it; Falcon-3-gather's rows the earlier calls did not reach
 want f2solve && STEPS="$STEPS f2solve_check f2solve_time"
-cstep f2solve_check 330 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 2 \
-  --out "$W/check_f2solve"
+cstep f2solve_check 330 env FALCON_TRITON_2_BWD_SOLVE=blocked FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench \
+  check --variants 2 --out "$W/check_f2solve"
 cstep f3gather_rest 240 env FALCON_TRITON_3=gather FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
   --variants 3 --rows 24-29 --out "$W/check_f3gather_rest"
 # Falcon-3's mu_t squarings in one Triton kernel (triton/eig.py, FALCON_TRITON_UNPROVEN=1 turns it on): the rows of
@@ -126,8 +128,9 @@ cstep eig_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench che
   --out "$W/check_eig"
 wait
 # timing steps, alone on the GPU
-step f2solve_time 300 bash -c "for m in rows blocked; do FALCON_TRITON_2_SOLVE=\$m python3 -m falcon_lab.bench \
-  kernels --ops \${F2_OPS:-falcon-1,falcon-2} --out $W/kernels_f2solve_\$m; done"
+step f2solve_time 300 bash -c "for m in rows:exact blocked:blocked; do FALCON_TRITON_2_SOLVE=\${m%:*} \
+  FALCON_TRITON_2_BWD_SOLVE=\${m#*:} python3 -m falcon_lab.bench kernels --ops \${F2_OPS:-falcon-1,falcon-2} \
+  --out $W/kernels_f2solve_\${m%:*}; done"
 # warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared .tcache (on
 # a fresh machine the full run alone spent its 440 s mostly compiling, fla's kernels above all: 2026-12-03 call 2)
 step warm 240 bash -c "python3 -c 'from falcon_lab.benchmarking.kernels import OPS, SHAPES

@@ -47,6 +47,14 @@ if SOLVE not in ("rows", "blocked"):
     raise ValueError(f"FALCON_TRITON_2_SOLVE must be 'rows' or 'blocked', got {SOLVE!r}")
 
 
+# The solve's own gradients (pass 1 of _pcd_bwd_solve): "blocked" (_pcd_bwd_solve_blk, 16-row sub-blocks with
+# tensor-core dots off the diagonal: ours, interpreter-tested, NOT yet run on the GPU, so opt-in) or "exact" (the
+# [C, C, 4] broadcast, proven on the H200).
+BWD_SOLVE = os.environ.get("FALCON_TRITON_2_BWD_SOLVE", "exact")
+if BWD_SOLVE not in ("exact", "blocked"):
+    raise ValueError(f"FALCON_TRITON_2_BWD_SOLVE must be 'exact' or 'blocked', got {BWD_SOLVE!r}")
+
+
 def _solve_args(C: int) -> tuple:
     """(BLOCKED, SBS) for the state passes: sub-blocks of 16 rows (C = 16 is one block, the rows form)."""
     return SOLVE == "blocked" and C > 16, min(16, C)
@@ -310,7 +318,8 @@ def _pcd_bwd_state(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H: tl
 @triton.jit
 def _pcd_bwd_solve(X, ETA, G, HS, RR, DRHS, SUP, SU, DX32, DX, DV, DETA, DG, T, NT, H: tl.constexpr,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   SB: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+                   SB: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr,
+                   PASS1: tl.constexpr):
     """The solve's own gradients, added to what _pc_bwd_main wrote (DX32 in fp32, DETA, DG). With
     dL[i, s] = -drhs_i R_s (s < i) and ℓ the entries of L: dGram = Σ_c dL e^{u⁻_i - u_s} η_s,
     dη_s = Σ_i dL (x_i·x_s) e^{..}, du⁻_i = Σ_s dL ℓ, du_s = -Σ_i dL ℓ; from the right-hand side
@@ -344,8 +353,8 @@ def _pcd_bwd_solve(X, ETA, G, HS, RR, DRHS, SUP, SU, DX32, DX, DV, DETA, DG, T, 
     strict = i[:, None] > i[None, :]
     gram = tl.where(strict, tl.dot(x, tl.trans(x), input_precision=PREC), 0.)
     dgram = tl.zeros([C, C], dtype=tl.float32)
-    # pass 1: the [C, C, SB] terms of the per-column systems, SB columns at a time
-    for vb in range(0, tl.cdiv(V, SB)):
+    # pass 1: the [C, C, SB] terms of the per-column systems, SB columns at a time (or _pcd_bwd_solve_blk's, before)
+    for vb in range(0, tl.cdiv(V, SB) if PASS1 else 0):
         cv = vb * SB + tl.arange(0, SB)
         vm = rmask[:, None] & (cv < V)[None, :]
         off = tok[:, None] * V + cv[None, :]
@@ -384,10 +393,105 @@ def _pcd_bwd_solve(X, ETA, G, HS, RR, DRHS, SUP, SU, DX32, DX, DV, DETA, DG, T, 
         dg = tl.cumsum(tot, 0, reverse=True) - d_up
         tl.store(DG + off, tl.load(DG + off, mask=vm, other=0.) + dg, mask=vm)
         dx += tl.dot(dpx.to(dt), tl.trans(S.to(dt)), input_precision=PREC)
-    dgs = dgram + tl.trans(dgram)
-    dx += tl.dot(dgs.to(dt), x, input_precision=PREC)
+    if PASS1:
+        dgs = dgram + tl.trans(dgram)
+        dx += tl.dot(dgs.to(dt), x, input_precision=PREC)
     dx += tl.load(DX32 + tok[:, None] * K + ck[None, :], mask=km, other=0.)
     tl.store(DX + tok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
+
+
+@triton.jit
+def _pcd_bwd_solve_blk(X, ETA, G, RR, DRHS, SUP, SU, DX32, DV, DETA, T, H: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                       CU, CIDX, COFF, VARLEN: tl.constexpr):
+    """Pass 1 of _pcd_bwd_solve by 16-row sub-blocks (ours, FALCON_TRITON_2_SOLVE=blocked): program (chunk·NB + a,
+    b·H + h) owns the rows of sub-block a. With E[i, s] = e^{u⁻_i - u_s} (s < i), ηR = η ⊙ R and gram = X Xᵀ:
+    P1_i = Σ_s gram E ηR_s, P2_s = Σ_i gram E d_i, dgram[i, s] = -Σ_c d_i E ηR_s; then SUP = -d ⊙ P1, SU = ηR ⊙ P2,
+    dη += -R ⊙ P2, dv = d and dX += (dgram + dgramᵀ) X for its rows. The diagonal [16, 16] block is the exact
+    broadcast; against earlier rows s (ρ the log-prefix before the block) E = e^{u⁻_i - ρ} e^{ρ - u_s}, against later
+    rows i (ρ' the prefix at the block's end) E = e^{u⁻_i - ρ'} e^{ρ' - u_s}: tensor-core dots, every exponent <= 0.
+    _pcd_bwd_solve then runs only its pass 2 (the right-hand side's terms and d log γ, which scan the chunk)."""
+    NB: tl.constexpr = C // 16
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    n = pid // NB
+    a = pid % NB
+    b = bh // H
+    h = bh % H
+    if VARLEN:
+        _s, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        X += bos * H * K
+        ETA += bos * H * V
+        G += bos * H * V
+        RR += bos * H * V
+        DRHS += bos * H * V
+        SUP += bos * H * V
+        SU += bos * H * V
+        DX32 += bos * H * K
+        DV += bos * H * V
+        DETA += bos * H * V
+    i = tl.arange(0, C)
+    j = tl.arange(0, 16)
+    rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
+    _r, ma, ta, _x = _chunk_rows(b, h, n * NB + a, j, T, T, 0, H, 16)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+    dt = x.dtype
+    xa = tl.load(X + ta[:, None] * K + ck[None, :], mask=ma[:, None] & kmask[None, :], other=0.)
+    before = i < a * 16
+    after = i >= a * 16 + 16
+    strict = j[:, None] > j[None, :]
+    grow = tl.dot(xa, tl.trans(x), input_precision=PREC)  # [16, C]: x_a · x_s (gram is symmetric)
+    gaa = tl.where(strict, tl.dot(xa, tl.trans(xa), input_precision=PREC), 0.)
+    g_bef = tl.where(before[None, :], grow, 0.).to(dt)
+    g_aft = tl.where(after[None, :], grow, 0.).to(dt)
+    dg_row = tl.zeros([16, C], dtype=tl.float32)  # dgram[i in a, s before a]
+    dg_col = tl.zeros([16, C], dtype=tl.float32)  # dgram[i after a, s in a], as [s, i]
+    dg_aa = tl.zeros([16, 16], dtype=tl.float32)
+    for vb in range(0, tl.cdiv(V, BV)):
+        cv = vb * BV + tl.arange(0, BV)
+        vmask = cv < V
+        vm = rmask[:, None] & vmask[None, :]
+        va = ma[:, None] & vmask[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        offa = ta[:, None] * V + cv[None, :]
+        g = tl.load(G + off, mask=vm, other=0.)
+        u = tl.cumsum(g, 0)
+        up = u - g
+        eR = tl.load(ETA + off, mask=vm, other=0.) * tl.load(RR + off, mask=vm, other=0.)
+        d = tl.load(DRHS + off, mask=vm, other=0.)
+        rho = tl.sum(tl.where(before[:, None], g, 0.), 0)
+        rho_e = tl.sum(tl.where(after[:, None], 0., g), 0)
+        ga = tl.load(G + offa, mask=va, other=0.)
+        ea = tl.load(ETA + offa, mask=va, other=0.)
+        Ra = tl.load(RR + offa, mask=va, other=0.)
+        da = tl.load(DRHS + offa, mask=va, other=0.)
+        ua = tl.cumsum(ga, 0) + rho[None, :]
+        upa = ua - ga
+        eRa = ea * Ra
+        E = tl.where(strict[:, :, None], tl.exp(tl.minimum(upa[:, None, :] - ua[None, :, :], 0.)), 0.)
+        GE = gaa[:, :, None] * E
+        p1 = tl.sum(GE * eRa[None, :, :], 1)  # [16 (i), BV]
+        p2 = tl.sum(GE * da[:, None, :], 0)  # [16 (s), BV]
+        dg_aa -= tl.sum(E * da[:, None, :] * eRa[None, :, :], 2)
+        w1 = tl.where(before[:, None], tl.exp(tl.minimum(rho[None, :] - u, 0.)) * eR, 0.)
+        w2 = tl.where(after[:, None], tl.exp(tl.minimum(up - rho_e[None, :], 0.)) * d, 0.)
+        da_l = da * tl.exp(tl.minimum(upa - rho[None, :], 0.))
+        eRa_r = eRa * tl.exp(tl.minimum(rho_e[None, :] - ua, 0.))
+        p1 += tl.exp(tl.minimum(upa - rho[None, :], 0.)) * tl.dot(g_bef, w1.to(dt), input_precision=PREC)
+        p2 += tl.exp(tl.minimum(rho_e[None, :] - ua, 0.)) * tl.dot(g_aft, w2.to(dt), input_precision=PREC)
+        dg_row -= tl.dot(da_l.to(dt), tl.trans(w1.to(dt)), input_precision=PREC)
+        dg_col -= tl.dot(eRa_r.to(dt), tl.trans(w2.to(dt)), input_precision=PREC)
+        tl.store(DETA + offa, tl.load(DETA + offa, mask=va, other=0.) - Ra * p2, mask=va)
+        tl.store(SUP + offa, -da * p1, mask=va)
+        tl.store(SU + offa, eRa * p2, mask=va)
+        tl.store(DV + offa, da.to(DV.dtype.element_ty), mask=va)
+    dx = tl.dot((dg_row + dg_col).to(dt), x, input_precision=PREC) \
+        + tl.dot((dg_aa + tl.trans(dg_aa)).to(dt), xa, input_precision=PREC)
+    dxo = ta[:, None] * K + ck[None, :]
+    km = ma[:, None] & kmask[None, :]
+    tl.store(DX32 + dxo, tl.load(DX32 + dxo, mask=km, other=0.) + dx, mask=km)
 
 
 def _check_layout(**named):
@@ -476,6 +580,10 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
                    read_after, prec, va, st)
     dx = _empty(x.shape, x.dtype, dev)
     dv = _empty((B, T, H, V), v_dtype, dev)
+    blk = BWD_SOLVE == "blocked" and C > 16
+    if blk:
+        _pcd_bwd_solve_blk[(NT * (C // 16), B * H)](x, eta, g, RR, DRHS, DGR, DGU, dx32, dv, deta, T, H, K, V, C,
+                                                    BK, min(32, BVm), prec, *va, num_warps=8, **st)
     _pcd_bwd_solve[(NT, B * H)](x, eta, g, HS, RR, DRHS, DGR, DGU, dx32, dx, dv, deta, dg, T, NT, H, K, V,
-                                C, BK, BVm, SB, prec, *va, num_warps=8, **st)
+                                C, BK, BVm, SB, prec, *va, not blk, num_warps=8, **st)
     return dq, dx, dv, deta, dg, DS0
