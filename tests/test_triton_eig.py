@@ -43,10 +43,11 @@ def test_triton_backend_uses_it_for_falcon_3_only_where_it_applies(monkeypatch):
     ok, why = kt.eig_check(s3, window=3, device_type="cpu")
     assert not ok and "windows 2, 4, 8, 16" in why
     monkeypatch.setattr(kt, "_UNPROVEN", False)
+    assert kt.PROVEN_EIG and kt.eig_check(s3, window=4, device_type="cuda")[0]  # proven on the H200 (2026-12-03)
+    monkeypatch.setattr(kt, "PROVEN_EIG", False)
     ok, why = kt.eig_check(s3, window=4, device_type="cuda")
-    assert not ok and "not proven" in why  # until the H200 runs it
+    assert not ok and "not proven" in why
     monkeypatch.setattr(kt, "PROVEN_EIG", True)
-    assert kt.eig_check(s3, window=4, device_type="cuda")[0]
     assert not torch.compile(lambda: kt.eig_check(s3, window=4, device_type="cuda")[0], backend="eager",
                              fullgraph=True)()
     monkeypatch.setattr(kt, "_PREP", "torch")

@@ -85,19 +85,6 @@ CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=
                 strong=True, s0=False, no_dst=True, seed=19))
 CASES.append(_c("F2-fp16", delta=True, per_col=True, dtype="float16", seed=20))
 CASES.append(_c("F2-K48-V80-before", delta=True, per_col=True, after=False, T=50, B=1, H=1, K=48, V=80, seed=22))
-# the state passes' per-column solves by C-step substitution (FALCON_TRITON_2_SOLVE=rows; the cases above run the
-# 16-row sub-blocks wherever C > 16)
-CASES.append(_c("F2-rows-C64-strong-decay", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
-                strong=True, seed=19, solve="rows"))
-CASES.append(_c("F2-rows-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20,
-                seed=18, solve="rows"))
-# the solve's own gradients by 16-row sub-blocks (FALCON_TRITON_2_BWD_SOLVE=blocked; C = 16 keeps the broadcast)
-CASES.append(_c("F2-bwdblk-C64-strong-decay", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
-                strong=True, seed=19, bwd_solve="blocked"))
-CASES.append(_c("F2-bwdblk-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20,
-                seed=18, bwd_solve="blocked"))
-CASES.append(_c("F2-bwdblk-fp16-C64-K48-V80", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=48, V=80,
-                dtype="float16", seed=22, bwd_solve="blocked"))
 DECODE = []
 for delta in (True, False):
     for per_col, W in ((False, 1), (True, 1), (False, 4)):

@@ -114,8 +114,10 @@ cstep prep3a 240 env FALCON_TRITON_VARLEN=pad FALCON_TRITON_UNPROVEN=1 python3 -
   --variants 3A --kinds api-varlen-continuation --out "$W/check_prep3a"
 cstep banded_api 240 env FALCON_TRITON_3A=banded FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
   --variants 3A --kinds api-varlen-continuation,decode-cuda-graph --out "$W/check_banded_api"
-# The tenth session (2026-12-03): Falcon-2's state passes solving by 16-row sub-blocks (FALCON_TRITON_2_SOLVE=blocked,
-# the new default in percol_delta.py): the whole sweep with it; Falcon-3-gather's rows the earlier calls did not reach
+# The tenth session (2026-12-03): Falcon-2's solves by 16-row sub-blocks, which live in
+# experiments/h200/f2_blocked_solve.patch since they FAILED on the H200 at 81ff606 (kernels_2026-12-03b/call4_81ff606/:
+# K = 128, C = 64 bf16 gradients 0.4 off with either solve, fp32 K = 64, C = 64 an illegal address): `git apply` it
+# before running f2solve. Falcon-3-gather's rows the earlier calls did not reach: f3gather_rest
 want f2solve && STEPS="$STEPS f2solve_check f2solve_time"
 cstep f2solve_check 330 env FALCON_TRITON_2_BWD_SOLVE=blocked FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench \
   check --variants 2 --out "$W/check_f2solve"

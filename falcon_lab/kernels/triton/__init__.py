@@ -187,9 +187,11 @@ def prep_check(spec: FalconSpec, *, window: int, dtype: torch.dtype, device_type
     return True, "fused prep kernels"
 
 
-# Falcon-3's μ_t squarings in one kernel (eig.py, ours): interpreter-tested against the PyTorch squarings; not yet
-# run on a GPU.
-PROVEN_EIG = False
+# Falcon-3's μ_t squarings in one kernel (eig.py, ours): on the H200 (2026-12-03, 81ff606) the rows of Falcon-3's
+# `bench check` whose prep runs it (public op bf16 and fp32 with ragged cu_seqlens and continuation, CUDA-graph
+# decode, the four varlen-native rows) passed 7 of 7, and `bench kernels` checked it against float64 before timing
+# it: benchmarks/results/h200_logs/kernels_2026-12-03b/call4_81ff606/ (check_eig/, kernels_eig_*/).
+PROVEN_EIG = True
 
 
 def eig_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") -> tuple[bool, str]:
