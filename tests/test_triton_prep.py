@@ -35,6 +35,18 @@ CASES += [dict(_case(20 + i, False, sh, st, lm, lk, seen, val), window=W, tail=t
               (4, False, "direct", "absolute", True, 3, False, False)])]
 
 
+# Falcon-3's fused prep (prep_window.py with eig: μ_t, the window Gram's top eigenvalue, squarings in the kernel):
+# windows 2, 4 and 8 (4 with a carried tail), shift or not, padding
+CASES += [dict(_case(40 + i, False, sh, st, lm, lk, seen, val), window=W, tail=tail, delta=True,
+               id=f"F3-W{W}-{'shift' if sh else 'noshift'}-{st}-{lm}{'-tail' if tail else ''}"
+                  f"{'-lastk' if lk else ''}{f'-seen{seen}' if seen else ''}{'-valid' if val else ''}")
+          for i, (W, sh, st, lm, lk, seen, val, tail) in enumerate([
+              (4, True, "nlms", "scaled", True, 3, False, True),
+              (2, False, "nlms", "absolute", False, 0, True, False),
+              (8, True, "direct", "scaled", False, 3, True, True),
+              (4, False, "nlms", "scaled", True, 0, False, False)])]
+
+
 @pytest.fixture(scope="module")
 def results():
     return run_interp_cases("triton_prep_cases.py", CASES, timeout=600)
@@ -60,9 +72,13 @@ def test_the_triton_backend_uses_the_fused_prep_where_it_applies(monkeypatch):
     assert kt.prep_check(s1, window=4, dtype=torch.bfloat16, device_type="cpu")[0]
     assert kt.prep_check(FalconSpec.from_variant("2A"), window=4, dtype=torch.float32, device_type="cpu")[0]
     assert kt.prep_check(s3a, window=4, dtype=torch.bfloat16, device_type="cpu")[0]
-    ok, why = kt.prep_check(FalconSpec.from_variant("3"), window=4, dtype=torch.bfloat16, device_type="cpu")
-    assert not ok and "eigenvalue" in why
+    s3 = FalconSpec.from_variant("3")
+    assert kt.prep_check(s3, window=4, dtype=torch.bfloat16, device_type="cpu")[0]  # Falcon-3's, interpreter-tested
+    ok, why = kt.prep_check(s3, window=3, dtype=torch.bfloat16, device_type="cpu")
+    assert not ok and "windows 2, 4, 8, 16" in why
     monkeypatch.setattr(kt, "_UNPROVEN", False)
+    ok, why = kt.prep_check(s3, window=4, dtype=torch.bfloat16, device_type="cuda")  # not yet run on the GPU
+    assert not ok and "not proven" in why
     assert kt.prep_check(s3a, window=4, dtype=torch.bfloat16, device_type="cuda")[0]  # proven on the H200
     monkeypatch.setattr(kt, "PROVEN_PREP", kt.PROVEN_PREP - {"3A"})
     ok, why = kt.prep_check(s3a, window=4, dtype=torch.bfloat16, device_type="cuda")

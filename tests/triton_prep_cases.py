@@ -36,7 +36,7 @@ def prep_case(c):
     # in the PyTorch prep as much as in the fused one)
     kw = dict(shift=c["shift"], step=c["step"], lam_mode=c["lam_mode"], eps=c.get("eps", 1e-6), eps_gamma=0.05,
               seen=seen, valid=valid if c["valid"] else None)
-    variant = "3A" if W > 1 else ("2" if c["per_col"] else "1")
+    variant = ("3" if c.get("delta") else "3A") if W > 1 else ("2" if c["per_col"] else "1")
     dx = torch.randn(B, T + W - 1, H, K, generator=g)
     de, dg = torch.randn(beta.shape, generator=g), torch.randn(beta.shape, generator=g)
 

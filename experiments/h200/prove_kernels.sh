@@ -41,6 +41,9 @@
 #   eig        Falcon-3's mu_t squarings in one Triton kernel (triton/eig.py): rows 23-29 of `bench check --variants 3`
 #              (the public op, decode, varlen-native: the rows whose prep runs it) with FALCON_TRITON_UNPROVEN=1, then
 #              `bench kernels --quick --ops falcon-3` with the PyTorch squarings (FALCON_TRITON_PREP=torch) and with it;
+#   f3prep     Falcon-3's fused prep (prep_window.py with eig: the Gram, mu_t and the gates in Triton): rows 23-29 of
+#              `bench check --variants 3` with FALCON_TRITON_UNPROVEN=1, then `bench kernels --quick --ops
+#              falcon-1,falcon-3` with the proven default (PyTorch prep + eig.py) and with it;
 #   fla_warm   experiments/h200/fla_warm.py with TRITON_CACHE_AUTOTUNING=1 and TRITON_CACHE_DIR=$PWD/.tcache: fla's
 #              autotuning cached (the *.autotune.json files are packed) so the next call's default `bench kernels`
 #              fits its 10 minutes.
@@ -128,8 +131,16 @@ cstep f3gather_rest 240 env FALCON_TRITON_3=gather FALCON_TRITON_UNPROVEN=1 pyth
 want eig && STEPS="$STEPS eig_check eig_time"
 cstep eig_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 3 --rows 23-29 \
   --out "$W/check_eig"
+# Falcon-3's fused prep (prep_window.py with eig; FALCON_TRITON_UNPROVEN=1 turns it on for unpacked calls): the same
+# rows; all pass -> "3" into PROVEN_PREP
+want f3prep && STEPS="$STEPS f3prep_check f3prep_time"
+cstep f3prep_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 3 --rows 23-29 \
+  --out "$W/check_f3prep"
 wait
 # timing steps, alone on the GPU
+step f3prep_time 150 bash -c "python3 -m falcon_lab.bench kernels --quick --ops falcon-1,falcon-3 \
+  --out $W/kernels_f3prep_eig; FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --quick --ops \
+  falcon-1,falcon-3 --out $W/kernels_f3prep_fused"
 step f2solve_time 300 bash -c "for m in rows:exact blocked:blocked; do FALCON_TRITON_2_SOLVE=\${m%:*} \
   FALCON_TRITON_2_BWD_SOLVE=\${m#*:} python3 -m falcon_lab.bench kernels --ops \${F2_OPS:-falcon-1,falcon-2} \
   --out $W/kernels_f2solve_\${m%:*}; done"

@@ -175,8 +175,9 @@ def prep_check(spec: FalconSpec, *, window: int, dtype: torch.dtype, device_type
     """(whether a Triton-backend call prepares its core inputs with the fused prep kernels, why)."""
     if _PREP != "fused":
         return False, "FALCON_TRITON_PREP=torch"
-    if spec.window(window) != 1 and spec.delta:
-        return False, "Falcon-3's prep (the window Gram's top eigenvalue) stays PyTorch"
+    W = spec.window(window)
+    if W != 1 and spec.delta and (W & (W - 1) or W > 16):
+        return False, f"Falcon-3's fused prep (μ_t's squarings in the kernel) takes windows 2, 4, 8, 16, got {W}"
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False, f"the fused prep computes in fp32 at most, got {dtype}"
     if not plain_eager():

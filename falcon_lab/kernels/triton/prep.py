@@ -326,7 +326,8 @@ def fused_prepare(k, v, beta, lam, *, variant: str, window: int, step: str, lam_
                   tail_x: Optional[torch.Tensor] = None, tail_v: Optional[torch.Tensor] = None,
                   valid: Optional[torch.Tensor] = None, cu_seqlens: Optional[torch.Tensor] = None):
     """`prep.prepare` (same arguments, same CoreInputs) on the fused kernels: window 1 (variants 1, 1A, 2, 2A; xw = x,
-    vw = v) here, Falcon-3A (window > 1) in prep_window.py. Falcon-3 is not covered (`prep_check` says so).
+    vw = v) here, Falcon-3A and Falcon-3 (window > 1; Falcon-3's μ_t with the squarings in the kernel) in
+    prep_window.py.
     cu_seqlens (window 1, B = 1): packed sequences, `seen` and `last_k` per sequence (as `prep.prepare` takes them)."""
     from ..prep import CoreInputs, effective_window
 
@@ -345,7 +346,7 @@ def fused_prepare(k, v, beta, lam, *, variant: str, window: int, step: str, lam_
 
         return fused_window_prepare(k, v, beta, lam, window=W, shift=shift, step=step, lam_mode=lam_mode, eps=eps,
                                     eps_gamma=eps_gamma, seen=seen, last_k=last_k, tail_x=tail_x, tail_v=tail_v,
-                                    valid=valid)
+                                    valid=valid, eig=variant == "3")
     cfg = (bool(shift), step == "nlms", lam_mode == "scaled", float(eps), float(eps_gamma))
     last = last_k.to(k.dtype).contiguous() if last_k is not None else None
     x, eta, g, stat = _FusedPrep.apply(k.contiguous(), beta.contiguous(), lam.contiguous(), last,

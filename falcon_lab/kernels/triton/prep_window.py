@@ -1,4 +1,5 @@
-"""The op's prep for Falcon-3A (window W > 1, inner product) as Triton kernels (ours): one forward, two backward.
+"""The op's prep for Falcon-3A (window W > 1, inner product) and Falcon-3 (regression) as Triton kernels (ours): one
+forward, two backward.
 
 What `falcon_lab/kernels/prep.py` computes for a linear window (docs/kernel-contract.md, falcon-math.md §4), row by
 row over the B·T·H rows (the W = 1 pieces as in prep.py here):
@@ -14,9 +15,14 @@ Forward: each row recomputes its W window rows' energies from k (and the tail). 
 dλ and q_t = dĒ_t / max(B_t, 1) per row; `_win_bwd_keys` gives each pair row's key gradient
 dxw + 2 x Σ_{t sees it} q_t (dk, the carried key's and the carried tail's). vw is `torch.cat([tail_v, v])` (its
 gradient is autograd's).
+Falcon-3 (`eig`; windows 2, 4, 8, 16): the statistic is μ_t, the top eigenvalue of the window's [W, W] Gram, divided
+by max(B_t, 1) as prep.py does, by prep._largest_eig's arithmetic (`_win_eig`: the Gram of the W window rows, 20
+squarings of the trace-normalised matrix as rank-1 updates, the column of the largest diagonal as v, μ = vᵀGv / vᵀv);
+the forward saves the unit eigenvector v̂ per row, and a key's gradient from the windows holding it is
+Σ 2 q_ρ v̂_ρ[pos] Σ_n v̂_ρ[n] x_{ρ-n} (eigvalsh's gradient v̂ v̂ᵀ of a simple top eigenvalue; `_eig_key_grad`).
 Interpreter-tested against prep.py in float64 (tests/test_triton_prep.py); proven on the H200 for Falcon-3A
-(2026-12-03, padded and packed rows); on CUDA a variant runs it once in `PROVEN_PREP`
-(falcon_lab/kernels/triton/__init__.py).
+(2026-12-03, padded and packed rows), not yet run there for Falcon-3; on CUDA a variant runs it once in
+`PROVEN_PREP` (falcon_lab/kernels/triton/__init__.py).
 """
 
 from __future__ import annotations
@@ -35,15 +41,22 @@ from .prep import _block_rows, _keep, _log1m, _pair_x, _rows, _step, _step_bwd, 
 @triton.jit
 def _win_row(K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, b, t, h, ck, kmask, T, eps, eps_gamma,
              H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr,
-             HAS_TAIL: tl.constexpr, HAS_VALID: tl.constexpr, NLMS: tl.constexpr, SCALED: tl.constexpr):
-    """Row t, both directions: its own pair key x and flags, the window energy Ē, 1/max(B_t, 1), lam, λ_t, the NLMS
-    denominator, keep, and _step's η (before the division by B_t), η λ and α."""
+             HAS_TAIL: tl.constexpr, HAS_VALID: tl.constexpr, NLMS: tl.constexpr, SCALED: tl.constexpr,
+             EIG: tl.constexpr):
+    """Row t, both directions: its own pair key x and flags, the statistic (Falcon-3A: the window energy Ē; Falcon-3,
+    EIG: μ_t) times 1/max(B_t, 1), that inverse, lam, λ_t, the NLMS denominator, keep, _step's η (before the division
+    by B_t), η λ and α, and (EIG) the unit top eigenvector [BR, W] of the window Gram."""
     x, hp = _pair_x(K_, LASTK, TAILX, SEEN, t, b, h, rmask, ck, kmask, T, H, K, W, SHIFT, HAS_LASTK, HAS_TAIL)
-    esum = tl.sum(x * x, 1)
-    for m in tl.static_range(1, W):
-        xm, _ = _pair_x(K_, LASTK, TAILX, SEEN, t - m, b, h, rmask, ck, kmask, T, H, K, W, SHIFT, HAS_LASTK,
-                        HAS_TAIL)
-        esum += tl.sum(xm * xm, 1)
+    if EIG:  # Falcon-3: μ_t, the window Gram's top eigenvalue, and its unit top eigenvector (position m: row t - m)
+        esum, vh = _win_eig(K_, LASTK, TAILX, SEEN, x, t, b, h, rmask, ck, kmask, T, H, K, W, SHIFT, HAS_LASTK,
+                            HAS_TAIL)
+    else:  # Falcon-3A: the window energy
+        esum = tl.sum(x * x, 1)
+        for m in tl.static_range(1, W):
+            xm, _ = _pair_x(K_, LASTK, TAILX, SEEN, t - m, b, h, rmask, ck, kmask, T, H, K, W, SHIFT, HAS_LASTK,
+                            HAS_TAIL)
+            esum += tl.sum(xm * xm, 1)
+        vh = esum
     seen = tl.load(SEEN + b, mask=rmask, other=0)
     inv = 1. / tl.maximum(tl.minimum(tl.maximum(seen + t + 1 - SHIFT, 0), W).to(tl.float32), 1.)
     stat = esum * inv
@@ -56,18 +69,69 @@ def _win_row(K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, b, t, h, ck, km
     den = stat + lam_t + eps
     beta = tl.load(BETA + r, mask=rmask, other=0.).to(tl.float32)
     eta0, a, alpha = _step(beta, den, keep, lam_t, eps_gamma, NLMS)
-    return x, hp, stat, inv, lam_t, den, keep, eta0, a, alpha
+    return x, hp, stat, inv, lam_t, den, keep, eta0, a, alpha, vh
 
 
 @triton.jit
-def _win_fwd(K_, BETA, LAM, LASTK, TAILX, VALID, SEEN, XW, ETA, G, STAT, N, T, eps, eps_gamma,
+def _win_eig(K_, LASTK, TAILX, SEEN, x, t, b, h, rmask, ck, kmask, T, H: tl.constexpr, K: tl.constexpr,
+             W: tl.constexpr, SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """Falcon-3's μ_t per row (ours; prep._largest_eig's arithmetic, eig.py's squarings): the [W, W] Gram of the
+    window rows t, t-1, .., t-W+1 (position m is row t - m), 20 squarings of the trace-normalised matrix (rank-1
+    updates, not a broadcast product: tests/test_triton_lint.py), the column of the largest diagonal as the top
+    eigenvector v, and μ = vᵀGv / vᵀv (0 where vᵀv = 0). Returns (μ [BR], v / |v| [BR, W], zero where v = 0)."""
+    i = tl.arange(0, W)
+    eye = (i[:, None] == i[None, :])[None, :, :]
+    G = tl.zeros([x.shape[0], W, W], dtype=tl.float32)
+    for m in tl.static_range(W):
+        if m == 0:
+            xm = x
+        else:
+            xm, _ = _pair_x(K_, LASTK, TAILX, SEEN, t - m, b, h, rmask, ck, kmask, T, H, K, W, SHIFT, HAS_LASTK,
+                            HAS_TAIL)
+        for n in tl.static_range(m + 1):
+            if n == 0:
+                xn = x
+            else:
+                xn, _ = _pair_x(K_, LASTK, TAILX, SEEN, t - n, b, h, rmask, ck, kmask, T, H, K, W, SHIFT, HAS_LASTK,
+                                HAS_TAIL)
+            gmn = tl.sum(xm * xn, 1)
+            sel = ((i[:, None] == m) & (i[None, :] == n)) | ((i[:, None] == n) & (i[None, :] == m))
+            G = tl.where(sel[None, :, :], gmn[:, None, None], G)
+    p = G
+    for _ in tl.static_range(20):
+        tr = tl.sum(tl.sum(tl.where(eye, p, 0.), 2), 1)
+        p = p / tl.maximum(tr, 1.1754943508222875e-38)[:, None, None]
+        q = tl.zeros([x.shape[0], W, W], dtype=tl.float32)
+        for k in tl.static_range(W):
+            c = tl.sum(tl.where((i == k)[None, None, :], p, 0.), 2)  # column k = row k (P is symmetric)
+            q += c[:, :, None] * c[:, None, :]
+        p = q
+    col = tl.argmax(tl.sum(tl.where(eye, p, 0.), 2), 1)
+    v = tl.sum(tl.where(i[None, None, :] == col[:, None, None], p, 0.), 2)  # [BR, W]
+    gv = tl.zeros([x.shape[0], W], dtype=tl.float32)
+    for k in tl.static_range(W):
+        vk = tl.sum(tl.where((i == k)[None, :], v, 0.), 1)
+        gv += tl.sum(tl.where((i == k)[None, None, :], G, 0.), 2) * vk[:, None]  # G[:, :, k] v_k
+    vv = tl.sum(v * v, 1)
+    ok = vv > 0
+    safe = tl.where(ok, vv, 1.)
+    mu = tl.where(ok, tl.sum(v * gv, 1) / safe, 0.)
+    vh = tl.where(ok[:, None], v / tl.sqrt(safe)[:, None], 0.)
+    return mu, vh
+
+
+@triton.jit
+def _win_fwd(K_, BETA, LAM, LASTK, TAILX, VALID, SEEN, XW, ETA, G, STAT, VH, N, T, eps, eps_gamma,
              H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
              SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_VALID: tl.constexpr,
-             NLMS: tl.constexpr, SCALED: tl.constexpr):
+             NLMS: tl.constexpr, SCALED: tl.constexpr, EIG: tl.constexpr):
     r, rmask, b, t, h, ck, kmask = _rows(N, T, H, K, BR, BK)
-    x, hp, stat, inv, lam_t, den, keep, eta0, a, alpha = _win_row(
+    x, hp, stat, inv, lam_t, den, keep, eta0, a, alpha, vh = _win_row(
         K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, b, t, h, ck, kmask, T, eps, eps_gamma, H, K, W, SHIFT,
-        HAS_LASTK, HAS_TAIL, HAS_VALID, NLMS, SCALED)
+        HAS_LASTK, HAS_TAIL, HAS_VALID, NLMS, SCALED, EIG)
+    if EIG:  # the unit top eigenvectors, for the key gradients (_win_bwd_keys)
+        wi = tl.arange(0, W)
+        tl.store(VH + r[:, None] * W + wi[None, :], vh, mask=rmask[:, None])
     m2k = rmask[:, None] & kmask[None, :]
     ext = (b * (T + W - 1) + t + W - 1) * H + h
     tl.store(XW + ext[:, None] * K + ck[None, :], x.to(XW.dtype.element_ty), mask=m2k)
@@ -85,11 +149,11 @@ def _win_fwd(K_, BETA, LAM, LASTK, TAILX, VALID, SEEN, XW, ETA, G, STAT, N, T, e
 def _win_bwd_gates(K_, BETA, LAM, LASTK, TAILX, VALID, SEEN, DETA, DG, DBETA, DLAM, QS, N, T, eps, eps_gamma,
                    H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                    SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_VALID: tl.constexpr,
-                   NLMS: tl.constexpr, SCALED: tl.constexpr):
+                   NLMS: tl.constexpr, SCALED: tl.constexpr, EIG: tl.constexpr):
     r, rmask, b, t, h, ck, kmask = _rows(N, T, H, K, BR, BK)
-    x, hp, stat, inv, lam_t, den, keep, eta0, a, alpha = _win_row(
+    x, hp, stat, inv, lam_t, den, keep, eta0, a, alpha, _vh = _win_row(
         K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, b, t, h, ck, kmask, T, eps, eps_gamma, H, K, W, SHIFT,
-        HAS_LASTK, HAS_TAIL, HAS_VALID, NLMS, SCALED)
+        HAS_LASTK, HAS_TAIL, HAS_VALID, NLMS, SCALED, EIG)
     dbeta, dstat, dlam_t = _step_bwd(tl.load(DETA + r, mask=rmask, other=0.) * inv,
                                      tl.load(DG + r, mask=rmask, other=0.), eta0, a, alpha, den, keep, lam_t,
                                      eps_gamma, NLMS)
@@ -104,51 +168,93 @@ def _win_bwd_gates(K_, BETA, LAM, LASTK, TAILX, VALID, SEEN, DETA, DG, DBETA, DL
 
 
 @triton.jit
-def _win_bwd_keys(K_, LASTK, TAILX, SEEN, DXW, QS, DK, DLASTK, DTAILX, N, T,
+def _win_bwd_keys(K_, LASTK, TAILX, SEEN, DXW, QS, VH, DK, DLASTK, DTAILX, N, T,
                   H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                   SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr,
-                  NEED_DLASTK: tl.constexpr, NEED_DTAIL: tl.constexpr):
+                  NEED_DLASTK: tl.constexpr, NEED_DTAIL: tl.constexpr, EIG: tl.constexpr):
     r, rmask, b, t, h, ck, kmask = _rows(N, T, H, K, BR, BK)
     m2k = rmask[:, None] & kmask[None, :]
     x, hp = _pair_x(K_, LASTK, TAILX, SEEN, t, b, h, rmask, ck, kmask, T, H, K, W, SHIFT, HAS_LASTK, HAS_TAIL)
-    dE = tl.zeros([BR], dtype=tl.float32)
-    for m in tl.static_range(W):  # the windows of rows t .. t + W - 1 hold x_t
-        dE += tl.load(QS + r + m * H, mask=rmask & (t + m < T), other=0.)
     ext = (b * (T + W - 1) + t + W - 1) * H + h
     dx = tl.load(DXW + ext[:, None] * K + ck[None, :], mask=m2k, other=0.).to(tl.float32)
-    dsrc = tl.where(hp[:, None], dx + 2. * x * dE[:, None], 0.)
+    if EIG:  # Falcon-3: dμ_r v̂_r v̂_rᵀ is row r's Gram gradient; x_t is position r - t of the windows r = t .. t+W-1
+        dsrc = tl.where(hp[:, None], dx + _eig_key_grad(K_, LASTK, TAILX, SEEN, QS, VH, t, t, b, h, rmask, ck,
+                                                        kmask, T, H, K, W, SHIFT, HAS_LASTK, HAS_TAIL), 0.)
+    else:
+        dE = tl.zeros([BR], dtype=tl.float32)
+        for m in tl.static_range(W):  # the windows of rows t .. t + W - 1 hold x_t
+            dE += tl.load(QS + r + m * H, mask=rmask & (t + m < T), other=0.)
+        dsrc = tl.where(hp[:, None], dx + 2. * x * dE[:, None], 0.)
     _store_key_grads(DK, DLASTK, dsrc, r, rmask, b, t, h, ck, kmask, T, H, K, SHIFT, NEED_DLASTK)
     if NEED_DTAIL:  # tail row j sits in the windows of rows 0 .. j: written by each (b, h)'s row t = 0
         for j in tl.static_range(W - 1):
             xt, _ = _pair_x(K_, LASTK, TAILX, SEEN, t * 0 + (j - (W - 1)), b, h, rmask, ck, kmask, T, H, K, W, SHIFT,
                             HAS_LASTK, HAS_TAIL)
-            dEt = tl.zeros([BR], dtype=tl.float32)
-            for s in tl.static_range(j + 1):
-                dEt += tl.load(QS + r + s * H, mask=rmask & (t == 0) & (t + s < T), other=0.)
             erow = (b * (T + W - 1) + j) * H + h
             dxt = tl.load(DXW + erow[:, None] * K + ck[None, :], mask=m2k & (t == 0)[:, None], other=0.)
-            dt_ = dxt.to(tl.float32) + 2. * xt * dEt[:, None]
+            if EIG:
+                dt_ = dxt.to(tl.float32) + _eig_key_grad(K_, LASTK, TAILX, SEEN, QS, VH, t * 0 + (j - (W - 1)), t, b,
+                                                         h, rmask & (t == 0), ck, kmask, T, H, K, W, SHIFT,
+                                                         HAS_LASTK, HAS_TAIL)
+            else:
+                dEt = tl.zeros([BR], dtype=tl.float32)
+                for s in tl.static_range(j + 1):
+                    dEt += tl.load(QS + r + s * H, mask=rmask & (t == 0) & (t + s < T), other=0.)
+                dt_ = dxt.to(tl.float32) + 2. * xt * dEt[:, None]
             tl.store(DTAILX + ((b * (W - 1) + j) * H + h)[:, None] * K + ck[None, :], dt_.to(DTAILX.dtype.element_ty),
                      mask=m2k & (t == 0)[:, None])
+
+
+@triton.jit
+def _eig_key_grad(K_, LASTK, TAILX, SEEN, QS, VH, tp, t, b, h, rmask, ck, kmask, T, H: tl.constexpr,
+                  K: tl.constexpr, W: tl.constexpr, SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr,
+                  HAS_TAIL: tl.constexpr):
+    """The gradient [BR, BK] that μ's of the windows holding pair position tp (rows ρ = tp .. tp + W - 1, ρ >= 0,
+    ρ < T) give the key x_tp: with G_ρ's gradient dμ_ρ v̂ v̂ᵀ (prep._largest_eig's, v̂ the unit top eigenvector),
+    2 dμ_ρ v̂_ρ[ρ - tp] Σ_n v̂_ρ[n] x_{ρ-n}. QS holds dμ_ρ (= dstat · inv), VH the v̂ of each row; t is the
+    program's row (for the row offsets of QS and VH: tp - t is a constant shift)."""
+    wi = tl.arange(0, W)
+    acc = tl.zeros([t.shape[0], ck.shape[0]], dtype=tl.float32)
+    for m in tl.static_range(W):  # x_tp at position m of row ρ = tp + m
+        rho = tp + m
+        ok = rmask & (rho >= 0) & (rho < T)
+        rr = (b * T + rho) * H + h
+        q = tl.load(QS + rr, mask=ok, other=0.)
+        vh = tl.load(VH + rr[:, None] * W + wi[None, :], mask=ok[:, None], other=0.)  # [BR, W]
+        y = tl.zeros([t.shape[0], ck.shape[0]], dtype=tl.float32)
+        for n in tl.static_range(W):
+            xn, _ = _pair_x(K_, LASTK, TAILX, SEEN, rho - n, b, h, ok, ck, kmask, T, H, K, W, SHIFT, HAS_LASTK,
+                            HAS_TAIL)
+            y += tl.sum(tl.where((wi == n)[None, :], vh, 0.), 1)[:, None] * xn
+        c = 2. * q * tl.sum(tl.where((wi == m)[None, :], vh, 0.), 1)
+        acc += c[:, None] * y
+    return acc
+
+
+def _rows_per_program(BK: int, W: int, eig: bool) -> int:
+    """Rows per program: prep.py's, and for Falcon-3 at most 2048 // W² so the [rows, W, W] squarings stay small."""
+    BR = _block_rows(BK, 1)
+    return max(16, min(BR, 2048 // (W * W))) if eig else BR
 
 
 class _FusedWindowPrep(torch.autograd.Function):
     @staticmethod
     def forward(ctx, k, beta, lam, last_k, tail_x, seen, valid, cfg):
-        shift, nlms, scaled, eps, eps_gamma, W = cfg
+        shift, nlms, scaled, eps, eps_gamma, W, eig = cfg
         B, T, H, K = k.shape
         N = B * T * H
         BK = _np2(K)
-        BR = _block_rows(BK, 1)
+        BR = _rows_per_program(BK, W, eig)
         xw = _empty((B, T + W - 1, H, K), k.dtype, k.device)
         eta = _empty((B, T, H), torch.float32, k.device)
         g = _empty((B, T, H), torch.float32, k.device)
         stat = _empty((B, T, H), torch.float32, k.device)
+        vh = _empty((B, T, H, W), torch.float32, k.device) if eig else stat
         _win_fwd[(cdiv(N, BR),)](
             k, beta, lam, last_k if last_k is not None else k, tail_x if tail_x is not None else k,
-            valid if valid is not None else seen, seen, xw, eta, g, stat, N, T, eps, eps_gamma, H, K, W, BR, BK,
-            shift, last_k is not None, tail_x is not None, valid is not None, nlms, scaled)
-        ctx.save_for_backward(k, beta, lam, last_k, tail_x, seen, valid)
+            valid if valid is not None else seen, seen, xw, eta, g, stat, vh, N, T, eps, eps_gamma, H, K, W, BR, BK,
+            shift, last_k is not None, tail_x is not None, valid is not None, nlms, scaled, eig)
+        ctx.save_for_backward(k, beta, lam, last_k, tail_x, seen, valid, vh)
         ctx.cfg = cfg
         ctx.mark_non_differentiable(stat)
         ctx.set_materialize_grads(False)
@@ -156,12 +262,12 @@ class _FusedWindowPrep(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dxw, deta, dg, _dstat):
-        k, beta, lam, last_k, tail_x, seen, valid = ctx.saved_tensors
-        shift, nlms, scaled, eps, eps_gamma, W = ctx.cfg
+        k, beta, lam, last_k, tail_x, seen, valid, vh = ctx.saved_tensors
+        shift, nlms, scaled, eps, eps_gamma, W, eig = ctx.cfg
         B, T, H, K = k.shape
         N = B * T * H
         BK = _np2(K)
-        BR = _block_rows(BK, 1)
+        BR = _rows_per_program(BK, W, eig)
         dev = k.device
         dxw = dxw.contiguous() if dxw is not None else torch.zeros((B, T + W - 1, H, K), dtype=k.dtype, device=dev)
         deta = deta.float().contiguous() if deta is not None else torch.zeros(beta.shape, device=dev)
@@ -174,28 +280,32 @@ class _FusedWindowPrep(torch.autograd.Function):
         vl = valid if valid is not None else seen
         grid = (cdiv(N, BR),)
         _win_bwd_gates[grid](k, beta, lam, lk, tx, vl, seen, deta, dg, dbeta, dlam, qs, N, T, eps, eps_gamma, H, K, W,
-                             BR, BK, shift, last_k is not None, tail_x is not None, valid is not None, nlms, scaled)
+                             BR, BK, shift, last_k is not None, tail_x is not None, valid is not None, nlms, scaled,
+                             eig)
         dk = _empty(k.shape, k.dtype, dev)
         need_dlast = shift and last_k is not None and ctx.needs_input_grad[3]
         need_dtail = tail_x is not None and ctx.needs_input_grad[4]
         dlast = _empty(last_k.shape, last_k.dtype, dev) if need_dlast else None
         dtail = _empty(tail_x.shape, tail_x.dtype, dev) if need_dtail else None
-        _win_bwd_keys[grid](k, lk, tx, seen, dxw, qs, dk, dlast if dlast is not None else dk,
+        _win_bwd_keys[grid](k, lk, tx, seen, dxw, qs, vh, dk, dlast if dlast is not None else dk,
                             dtail if dtail is not None else dk, N, T, H, K, W, BR, BK, shift, last_k is not None,
-                            tail_x is not None, need_dlast, need_dtail)
+                            tail_x is not None, need_dlast, need_dtail, eig)
         return dk, dbeta, dlam, dlast, dtail, None, None, None
 
 
 def fused_window_prepare(k, v, beta, lam, *, window: int, shift: bool, step: str, lam_mode: str, eps: float,
                          eps_gamma: float, seen: torch.Tensor, last_k: Optional[torch.Tensor] = None,
                          tail_x: Optional[torch.Tensor] = None, tail_v: Optional[torch.Tensor] = None,
-                         valid: Optional[torch.Tensor] = None):
-    """`prep.prepare` for Falcon-3A (window > 1, linear): the same CoreInputs."""
+                         valid: Optional[torch.Tensor] = None, eig: bool = False):
+    """`prep.prepare` for Falcon-3A (window > 1, linear; the window energy) or, with eig, Falcon-3 (regression; μ_t,
+    the window Gram's top eigenvalue, W a power of two <= 16): the same CoreInputs."""
     from ..prep import CoreInputs
 
     W = int(window)
+    if eig and (W & (W - 1) or not 2 <= W <= 16):
+        raise ValueError(f"the fused Falcon-3 prep takes windows 2, 4, 8, 16, got {W}")
     B, T, H, _ = k.shape
-    cfg = (bool(shift), step == "nlms", lam_mode == "scaled", float(eps), float(eps_gamma), W)
+    cfg = (bool(shift), step == "nlms", lam_mode == "scaled", float(eps), float(eps_gamma), W, bool(eig))
     xw, eta, g, stat = _FusedWindowPrep.apply(
         k.contiguous(), beta.contiguous(), lam.contiguous(),
         last_k.to(k.dtype).contiguous() if last_k is not None else None,
