@@ -223,11 +223,14 @@ def _record_prep(records, label, dts, quick):
                 if has_window and not per_col:
                     W = 4
                     tx = torch.randn(B, W - 1, H, K, dtype=dt, requires_grad=True) if last else None
-                    label[0] = base.replace("prep[", "prep_window[W=4,")
-                    xw, eta, g, stat = prep_window._FusedWindowPrep.apply(k, beta, lam, lk, tx, seen, vmask,
-                                                                          cfg + (W,))
-                    torch.autograd.grad((xw.float().sum() + eta.float().sum() + g.float().sum()),
-                                        [t for t in (k, beta, lam, lk, tx) if t is not None], allow_unused=True)
+                    # cfg ends (W,) before 2026-12-03, (W, eig) since: Falcon-3A, then Falcon-3's fused prep
+                    eig_flag = "eig" in inspect.signature(prep_window.fused_window_prepare).parameters
+                    for eig in ((False, True) if eig_flag else (None,)):
+                        label[0] = base.replace("prep[", "prep_window[W=4," + ("eig," if eig else ""))
+                        wcfg = cfg + ((W,) if eig is None else (W, eig))
+                        xw, eta, g, stat = prep_window._FusedWindowPrep.apply(k, beta, lam, lk, tx, seen, vmask, wcfg)
+                        torch.autograd.grad((xw.float().sum() + eta.float().sum() + g.float().sum()),
+                                            [t for t in (k, beta, lam, lk, tx) if t is not None], allow_unused=True)
 
 
 def _compile_all(records):

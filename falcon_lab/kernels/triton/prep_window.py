@@ -175,31 +175,35 @@ def _win_bwd_keys(K_, LASTK, TAILX, SEEN, DXW, QS, VH, DK, DLASTK, DTAILX, N, T,
     r, rmask, b, t, h, ck, kmask = _rows(N, T, H, K, BR, BK)
     m2k = rmask[:, None] & kmask[None, :]
     x, hp = _pair_x(K_, LASTK, TAILX, SEEN, t, b, h, rmask, ck, kmask, T, H, K, W, SHIFT, HAS_LASTK, HAS_TAIL)
-    ext = (b * (T + W - 1) + t + W - 1) * H + h
-    dx = tl.load(DXW + ext[:, None] * K + ck[None, :], mask=m2k, other=0.).to(tl.float32)
     if EIG:  # Falcon-3: dμ_r v̂_r v̂_rᵀ is row r's Gram gradient; x_t is position r - t of the windows r = t .. t+W-1
+        ext = (b * (T + W - 1) + t + W - 1) * H + h
+        dx = tl.load(DXW + ext[:, None] * K + ck[None, :], mask=m2k, other=0.).to(tl.float32)
         dsrc = tl.where(hp[:, None], dx + _eig_key_grad(K_, LASTK, TAILX, SEEN, QS, VH, t, t, b, h, rmask, ck,
                                                         kmask, T, H, K, W, SHIFT, HAS_LASTK, HAS_TAIL), 0.)
-    else:
+    else:  # Falcon-3A (in the order of the build proven on the H200: same IR, ptx_fingerprint.py)
         dE = tl.zeros([BR], dtype=tl.float32)
         for m in tl.static_range(W):  # the windows of rows t .. t + W - 1 hold x_t
             dE += tl.load(QS + r + m * H, mask=rmask & (t + m < T), other=0.)
+        ext = (b * (T + W - 1) + t + W - 1) * H + h
+        dx = tl.load(DXW + ext[:, None] * K + ck[None, :], mask=m2k, other=0.).to(tl.float32)
         dsrc = tl.where(hp[:, None], dx + 2. * x * dE[:, None], 0.)
     _store_key_grads(DK, DLASTK, dsrc, r, rmask, b, t, h, ck, kmask, T, H, K, SHIFT, NEED_DLASTK)
     if NEED_DTAIL:  # tail row j sits in the windows of rows 0 .. j: written by each (b, h)'s row t = 0
         for j in tl.static_range(W - 1):
             xt, _ = _pair_x(K_, LASTK, TAILX, SEEN, t * 0 + (j - (W - 1)), b, h, rmask, ck, kmask, T, H, K, W, SHIFT,
                             HAS_LASTK, HAS_TAIL)
-            erow = (b * (T + W - 1) + j) * H + h
-            dxt = tl.load(DXW + erow[:, None] * K + ck[None, :], mask=m2k & (t == 0)[:, None], other=0.)
             if EIG:
+                erow = (b * (T + W - 1) + j) * H + h
+                dxt = tl.load(DXW + erow[:, None] * K + ck[None, :], mask=m2k & (t == 0)[:, None], other=0.)
                 dt_ = dxt.to(tl.float32) + _eig_key_grad(K_, LASTK, TAILX, SEEN, QS, VH, t * 0 + (j - (W - 1)), t, b,
                                                          h, rmask & (t == 0), ck, kmask, T, H, K, W, SHIFT,
                                                          HAS_LASTK, HAS_TAIL)
-            else:
+            else:  # in the proven build's order (same IR)
                 dEt = tl.zeros([BR], dtype=tl.float32)
                 for s in tl.static_range(j + 1):
                     dEt += tl.load(QS + r + s * H, mask=rmask & (t == 0) & (t + s < T), other=0.)
+                erow = (b * (T + W - 1) + j) * H + h
+                dxt = tl.load(DXW + erow[:, None] * K + ck[None, :], mask=m2k & (t == 0)[:, None], other=0.)
                 dt_ = dxt.to(tl.float32) + 2. * xt * dEt[:, None]
             tl.store(DTAILX + ((b * (W - 1) + j) * H + h)[:, None] * K + ck[None, :], dt_.to(DTAILX.dtype.element_ty),
                      mask=m2k & (t == 0)[:, None])
