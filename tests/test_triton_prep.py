@@ -21,30 +21,30 @@ def _case(i, per_col, shift, step, lam_mode, last_k, seen, valid):
 CASES = [_case(i, pc, sh, st, lm, i % 3 == 0, 3 * (i % 2), i % 4 == 1)
          for i, (pc, sh, st, lm) in enumerate(itertools.product((False, True), (True, False), ("nlms", "direct"),
                                                                ("scaled", "absolute")))]
+
+
+def _window_cases(prefix, first, rows, **extra):
+    """Windowed cases (prep_window.py): one per (W, shift, step, lam_mode, last_k, seen, valid, tail) row."""
+    return [dict(_case(first + i, False, sh, st, lm, lk, seen, val), window=W, tail=tail, **extra,
+                 id=f"{prefix}-W{W}-{'shift' if sh else 'noshift'}-{st}-{lm}{'-tail' if tail else ''}"
+                    f"{'-lastk' if lk else ''}{f'-seen{seen}' if seen else ''}{'-valid' if val else ''}")
+            for i, (W, sh, st, lm, lk, seen, val, tail) in enumerate(rows)]
+
+
 # Falcon-3A's windowed prep (prep_window.py): windows 2, 3, 4 and 8 (longer than the 3-step continuation below, so
 # the carried tail and the first windows overlap), with and without a carried tail, shift or not, padding
-CASES += [dict(_case(20 + i, False, sh, st, lm, lk, seen, val), window=W, tail=tail,
-               id=f"F3A-W{W}-{'shift' if sh else 'noshift'}-{st}-{lm}{'-tail' if tail else ''}"
-                  f"{'-lastk' if lk else ''}{f'-seen{seen}' if seen else ''}{'-valid' if val else ''}")
-          for i, (W, sh, st, lm, lk, seen, val, tail) in enumerate([
-              (4, True, "nlms", "scaled", True, 3, False, True),
-              (4, True, "nlms", "absolute", False, 0, True, False),
-              (2, False, "nlms", "scaled", False, 3, False, True),
-              (3, True, "direct", "scaled", True, 0, True, True),
-              (8, True, "nlms", "scaled", False, 3, True, True),
-              (4, False, "direct", "absolute", True, 3, False, False)])]
-
-
+CASES += _window_cases("F3A", 20, [(4, True, "nlms", "scaled", True, 3, False, True),
+                                   (4, True, "nlms", "absolute", False, 0, True, False),
+                                   (2, False, "nlms", "scaled", False, 3, False, True),
+                                   (3, True, "direct", "scaled", True, 0, True, True),
+                                   (8, True, "nlms", "scaled", False, 3, True, True),
+                                   (4, False, "direct", "absolute", True, 3, False, False)])
 # Falcon-3's fused prep (prep_window.py with eig: μ_t, the window Gram's top eigenvalue, squarings in the kernel):
 # windows 2, 4 and 8 (4 with a carried tail), shift or not, padding
-CASES += [dict(_case(40 + i, False, sh, st, lm, lk, seen, val), window=W, tail=tail, delta=True,
-               id=f"F3-W{W}-{'shift' if sh else 'noshift'}-{st}-{lm}{'-tail' if tail else ''}"
-                  f"{'-lastk' if lk else ''}{f'-seen{seen}' if seen else ''}{'-valid' if val else ''}")
-          for i, (W, sh, st, lm, lk, seen, val, tail) in enumerate([
-              (4, True, "nlms", "scaled", True, 3, False, True),
-              (2, False, "nlms", "absolute", False, 0, True, False),
-              (8, True, "direct", "scaled", False, 3, True, True),
-              (4, False, "nlms", "scaled", True, 0, False, False)])]
+CASES += _window_cases("F3", 40, [(4, True, "nlms", "scaled", True, 3, False, True),
+                                  (2, False, "nlms", "absolute", False, 0, True, False),
+                                  (8, True, "direct", "scaled", False, 3, True, True),
+                                  (4, False, "nlms", "scaled", True, 0, False, False)], delta=True)
 
 
 @pytest.fixture(scope="module")

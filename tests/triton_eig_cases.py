@@ -1,10 +1,9 @@
 """Cases for tests/test_triton_eig.py, run under TRITON_INTERPRET=1 (interp_helpers.run_interp_cases): Falcon-3's
 μ_t squarings in one Triton kernel (falcon_lab/kernels/triton/eig.py) against the PyTorch squarings
 (falcon_lab/kernels/prep.py) and float64 eigvalsh, and through the prep with gradients."""
-import json
-import sys
+from interp_case_helpers import run_cases  # first: checks TRITON_INTERPRET=1 before torch and triton load
 
-import torch
+import torch  # noqa: E402
 
 
 def _grams(c):
@@ -67,8 +66,4 @@ def eig_case(c):
 
 
 if __name__ == "__main__":
-    for c in json.loads(sys.argv[1]):
-        try:
-            print(json.dumps({"id": c["id"], "res": eig_case(c)}), flush=True)
-        except Exception as e:  # reported; the test fails on it
-            print(json.dumps({"id": c["id"], "error": f"{type(e).__name__}: {e}"}), flush=True)
+    run_cases(eig_case)

@@ -2,10 +2,9 @@
 prep (falcon_lab/kernels/triton/prep.py, prep_window.py for Falcon-3A) and the PyTorch prep (falcon_lab/kernels/prep.py)
 in fp32, each against the PyTorch prep in float64 on the same inputs, forward (xw, vw, η, log γ, the statistic) and
 backward (k, β, λ, the carried key and tail)."""
-import json
-import sys
+from interp_case_helpers import run_cases  # first: checks TRITON_INTERPRET=1 before torch and triton load
 
-import torch
+import torch  # noqa: E402
 
 
 def _rel(a, b):
@@ -60,8 +59,4 @@ def prep_case(c):
 
 
 if __name__ == "__main__":
-    for c in json.loads(sys.argv[1]):
-        try:
-            print(json.dumps({"id": c["id"], "res": prep_case(c)}), flush=True)
-        except Exception as e:  # reported; the test fails on it
-            print(json.dumps({"id": c["id"], "error": f"{type(e).__name__}: {e}"}), flush=True)
+    run_cases(prep_case)

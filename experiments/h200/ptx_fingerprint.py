@@ -176,6 +176,14 @@ def _record(tree: str, quick: bool):
                             print(f"skipped Falcon-{name}: {e}")
                         skipped.add(name)
     _record_prep(records, label, dts, quick)
+    try:  # Falcon-3's μ_t squarings in one kernel (since 2026-12-03)
+        from falcon_lab.kernels.triton import eig
+    except ImportError:
+        eig = None
+    if eig is not None:
+        for W in (2, 4, 8, 16):
+            label[0] = f"eig W={W}"
+            eig.top_eigvec(torch.randn(50, W, W))
     return records
 
 

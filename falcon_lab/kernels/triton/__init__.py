@@ -60,6 +60,7 @@ import torch
 
 from ..spec import FalconSpec
 from .decode import decode_step
+from .eig import window_ok as eig_window_ok
 from .ops import chunk_core, plain_eager
 from .prep import fused_prepare
 from .window_linear import BW as WINDOW_LINEAR_MAX_W, chunk_for as window_chunk_for
@@ -176,7 +177,7 @@ def prep_check(spec: FalconSpec, *, window: int, dtype: torch.dtype, device_type
     if _PREP != "fused":
         return False, "FALCON_TRITON_PREP=torch"
     W = spec.window(window)
-    if W != 1 and spec.delta and (W & (W - 1) or W > 16):
+    if W != 1 and spec.delta and not eig_window_ok(W):
         return False, f"Falcon-3's fused prep (μ_t's squarings in the kernel) takes windows 2, 4, 8, 16, got {W}"
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False, f"the fused prep computes in fp32 at most, got {dtype}"
@@ -203,7 +204,7 @@ def eig_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") -> tu
         return False, "only Falcon-3 (window > 1, regression) has μ_t"
     if _PREP != "fused":
         return False, "FALCON_TRITON_PREP=torch"
-    if W & (W - 1) or W > 16:
+    if not eig_window_ok(W):
         return False, f"the one-kernel squarings take windows 2, 4, 8, 16, got {W}"
     if not plain_eager():
         return False, "torch.compile / a dispatch mode: the PyTorch squarings are traced (Inductor fuses them)"

@@ -25,16 +25,20 @@ import triton.language as tl
 
 SQUARINGS = 20  # fp32, as prep._largest_eig (its error bound is there)
 TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: prep._largest_eig's clamp of the trace
+SQUARINGS_C = tl.constexpr(SQUARINGS)  # the same two as constexpr globals, for jit code elsewhere (prep_window.py)
+TINY_C = tl.constexpr(TINY)
+
+
+def window_ok(n: int) -> bool:
+    """Whether the squarings here take windows of n rows: powers of two from 2 to 16 (tl.arange's sizes)."""
+    return 2 <= n <= 16 and not n & (n - 1)
 
 
 @triton.jit
-def _top_eigvec(G, VOUT, N, W: tl.constexpr, BL: tl.constexpr, SQ: tl.constexpr, TINY_: tl.constexpr):
-    r = tl.program_id(0) * BL + tl.arange(0, BL)
-    m = r < N
-    r64 = r.to(tl.int64)
-    i = tl.arange(0, W)
-    p = tl.load(G + r64[:, None, None] * (W * W) + i[None, :, None] * W + i[None, None, :], mask=m[:, None, None],
-                other=0.)
+def _squarings_top(p, i, BL: tl.constexpr, W: tl.constexpr, SQ: tl.constexpr, TINY_: tl.constexpr):
+    """[BL, W, W] symmetric PSD matrices p (i = tl.arange(0, W)) -> [BL, W], a top eigenvector of each: SQ squarings
+    of the trace-normalised matrix, then the column of the largest diagonal. Also Falcon-3's fused prep's
+    (prep_window._win_eig)."""
     eye = (i[:, None] == i[None, :])[None, :, :]
     for _ in tl.static_range(SQ):
         tr = tl.sum(tl.sum(tl.where(eye, p, 0.), 2), 1)
@@ -46,7 +50,18 @@ def _top_eigvec(G, VOUT, N, W: tl.constexpr, BL: tl.constexpr, SQ: tl.constexpr,
         p = q
     d = tl.sum(tl.where(eye, p, 0.), 2)  # [BL, W]: the diagonal
     col = tl.argmax(d, 1)
-    v = tl.sum(tl.where(i[None, None, :] == col[:, None, None], p, 0.), 2)  # column `col` of P
+    return tl.sum(tl.where(i[None, None, :] == col[:, None, None], p, 0.), 2)  # column `col` of P
+
+
+@triton.jit
+def _top_eigvec(G, VOUT, N, W: tl.constexpr, BL: tl.constexpr, SQ: tl.constexpr, TINY_: tl.constexpr):
+    r = tl.program_id(0) * BL + tl.arange(0, BL)
+    m = r < N
+    r64 = r.to(tl.int64)
+    i = tl.arange(0, W)
+    p = tl.load(G + r64[:, None, None] * (W * W) + i[None, :, None] * W + i[None, None, :], mask=m[:, None, None],
+                other=0.)
+    v = _squarings_top(p, i, BL, W, SQ, TINY_)
     tl.store(VOUT + r64[:, None] * W + i[None, :], v, mask=m[:, None])
 
 
@@ -54,7 +69,7 @@ def top_eigvec(gram: torch.Tensor) -> torch.Tensor:
     """[.., n, n] symmetric PSD fp32 matrices (n a power of two <= 16) -> [.., n, 1] fp32, a top eigenvector of each
     (unnormalised; zero for a zero matrix), without gradient: what prep._largest_eig's squaring loop computes."""
     n = gram.shape[-1]
-    if gram.dtype != torch.float32 or n & (n - 1) or not 2 <= n <= 16 or gram.shape[-2] != n:
+    if gram.dtype != torch.float32 or not window_ok(n) or gram.shape[-2] != n:
         raise ValueError(f"top_eigvec takes fp32 [.., n, n] with n a power of two in 2..16, got {gram.dtype} "
                          f"{tuple(gram.shape)}")
     g = gram.detach().reshape(-1, n, n).contiguous()

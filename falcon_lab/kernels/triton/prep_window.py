@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from .common import _empty, _np2, cdiv
+from .eig import SQUARINGS_C, TINY_C, _squarings_top, window_ok
 
 from .prep import _block_rows, _keep, _log1m, _pair_x, _rows, _step, _step_bwd, _store_key_grads
 
@@ -75,12 +76,10 @@ def _win_row(K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, b, t, h, ck, km
 @triton.jit
 def _win_eig(K_, LASTK, TAILX, SEEN, x, t, b, h, rmask, ck, kmask, T, H: tl.constexpr, K: tl.constexpr,
              W: tl.constexpr, SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr):
-    """Falcon-3's μ_t per row (ours; prep._largest_eig's arithmetic, eig.py's squarings): the [W, W] Gram of the
-    window rows t, t-1, .., t-W+1 (position m is row t - m), 20 squarings of the trace-normalised matrix (rank-1
-    updates, not a broadcast product: tests/test_triton_lint.py), the column of the largest diagonal as the top
-    eigenvector v, and μ = vᵀGv / vᵀv (0 where vᵀv = 0). Returns (μ [BR], v / |v| [BR, W], zero where v = 0)."""
+    """Falcon-3's μ_t per row (ours; prep._largest_eig's arithmetic): the [W, W] Gram of the window rows t, t-1, ..,
+    t-W+1 (position m is row t - m), its top eigenvector v by eig.py's squarings, and μ = vᵀGv / vᵀv (0 where
+    vᵀv = 0). Returns (μ [BR], v / |v| [BR, W], zero where v = 0)."""
     i = tl.arange(0, W)
-    eye = (i[:, None] == i[None, :])[None, :, :]
     G = tl.zeros([x.shape[0], W, W], dtype=tl.float32)
     for m in tl.static_range(W):
         if m == 0:
@@ -97,17 +96,7 @@ def _win_eig(K_, LASTK, TAILX, SEEN, x, t, b, h, rmask, ck, kmask, T, H: tl.cons
             gmn = tl.sum(xm * xn, 1)
             sel = ((i[:, None] == m) & (i[None, :] == n)) | ((i[:, None] == n) & (i[None, :] == m))
             G = tl.where(sel[None, :, :], gmn[:, None, None], G)
-    p = G
-    for _ in tl.static_range(20):
-        tr = tl.sum(tl.sum(tl.where(eye, p, 0.), 2), 1)
-        p = p / tl.maximum(tr, 1.1754943508222875e-38)[:, None, None]
-        q = tl.zeros([x.shape[0], W, W], dtype=tl.float32)
-        for k in tl.static_range(W):
-            c = tl.sum(tl.where((i == k)[None, None, :], p, 0.), 2)  # column k = row k (P is symmetric)
-            q += c[:, :, None] * c[:, None, :]
-        p = q
-    col = tl.argmax(tl.sum(tl.where(eye, p, 0.), 2), 1)
-    v = tl.sum(tl.where(i[None, None, :] == col[:, None, None], p, 0.), 2)  # [BR, W]
+    v = _squarings_top(G, i, x.shape[0], W, SQUARINGS_C, TINY_C)  # [BR, W]
     gv = tl.zeros([x.shape[0], W], dtype=tl.float32)
     for k in tl.static_range(W):
         vk = tl.sum(tl.where((i == k)[None, :], v, 0.), 1)
@@ -306,7 +295,7 @@ def fused_window_prepare(k, v, beta, lam, *, window: int, shift: bool, step: str
     from ..prep import CoreInputs
 
     W = int(window)
-    if eig and (W & (W - 1) or not 2 <= W <= 16):
+    if eig and not window_ok(W):
         raise ValueError(f"the fused Falcon-3 prep takes windows 2, 4, 8, 16, got {W}")
     B, T, H, _ = k.shape
     cfg = (bool(shift), step == "nlms", lam_mode == "scaled", float(eps), float(eps_gamma), W, bool(eig))
