@@ -133,6 +133,19 @@ cstep eig_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench che
   --out "$W/check_eig"
 # Falcon-3's fused prep (prep_window.py with eig; FALCON_TRITON_UNPROVEN=1 turns it on for unpacked calls): the same
 # rows; all pass -> "3" into PROVEN_PREP
+# The eleventh session (2026-12-03): Falcon-2's blocked solves isolated in a patched copy of the tree
+# (experiments/h200/f2_isolate.sh: the patch's refactor alone, each blocked solve alone, compute-sanitizer on the
+# failing ways); warm_bg: the warm step's compiles in the background beside the checks
+cstep f2iso 330 bash experiments/h200/f2_isolate.sh "$W/f2iso"
+warm_cmd() {
+  python3 -c 'from falcon_lab.benchmarking.kernels import OPS, SHAPES
+for o in OPS:
+    for i in range(len(SHAPES)): print(o, i)' | xargs -P "${WARM_P:-12}" -n 2 sh -c 'TRITON_CACHE_AUTOTUNING=1 \
+  TRITON_CACHE_DIR=$PWD/.tcache python3 -m falcon_lab.bench kernels --warm --ops $0 \
+  --shapes $1 2>&1 | tail -2'
+}
+export -f warm_cmd
+cstep warm_bg 330 bash -c warm_cmd
 want f3prep && STEPS="$STEPS f3prep_check f3prep_time"
 cstep f3prep_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check --variants 3 --rows 23-29 \
   --out "$W/check_f3prep"
@@ -146,16 +159,13 @@ step f2solve_time 300 bash -c "for m in rows:exact blocked:blocked; do FALCON_TR
   --out $W/kernels_f2solve_\${m%:*}; done"
 # warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared .tcache (on
 # a fresh machine the full run alone spent its 440 s mostly compiling, fla's kernels above all: 2026-12-03 call 2)
-step warm 240 bash -c "python3 -c 'from falcon_lab.benchmarking.kernels import OPS, SHAPES
-for o in OPS:
-    for i in range(len(SHAPES)): print(o, i)' | xargs -P 12 -n 2 sh -c 'TRITON_CACHE_AUTOTUNING=1 \
-  TRITON_CACHE_DIR=$PWD/.tcache FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --warm --ops \$0 \
-  --shapes \$1 2>&1 | tail -2'"
-# kernels_full: the default `bench kernels` (every op, the four shapes, fla at each; fla's autotuning from .tcache)
-step kernels_full 440 env FALCON_TRITON_UNPROVEN=1 TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" \
+step warm 240 bash -c warm_cmd
+# kernels_full: the default `bench kernels` (every op, the four shapes, fla at each; fla's autotuning from .tcache);
+# no FALCON_TRITON_UNPROVEN since every variant's kernels are proven (it would time Falcon-3's unproven fused prep)
+step kernels_full 440 env TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" \
   python3 -m falcon_lab.bench kernels --out "$W/kernels_full"
 # profile1: Falcon-1 and fla's chunk_delta_rule at the four shapes with torch.profiler tables (where F1 loses to fla)
-step profile1 300 env FALCON_TRITON_UNPROVEN=1 TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" \
+step profile1 300 env TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" \
   python3 -m falcon_lab.bench kernels --ops ${PROFILE_OPS:-falcon-1,fla_chunk_delta_rule} --shapes ${PROFILE_SHAPES:-0,1,2,3} \
   --profile --out "$W/profile1"
 step kernels 480 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --out "$W/kernels" \
