@@ -85,6 +85,15 @@ CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=
                 strong=True, s0=False, no_dst=True, seed=19))
 CASES.append(_c("F2-fp16", delta=True, per_col=True, dtype="float16", seed=20))
 CASES.append(_c("F2-K48-V80-before", delta=True, per_col=True, after=False, T=50, B=1, H=1, K=48, V=80, seed=22))
+# chunk.py's _bwd_main with the gate gradients' row sums taken from its accumulators (FALCON_TRITON_BWD_MAIN=rowsum,
+# ours): Falcon-1 and -1A, both read orders, fp16, Falcon-3's expansion and in-place pseudo-tokens, Falcon-3A's scans
+ROWSUM = [("F1-after-C16", {}), ("F1-before-C16", dict(after=False)), ("F1A-C64-T65", dict(delta=False, C=64, T=65,
+          B=1, H=1, K=32, V=32)), ("F1-fp16", dict(dtype="float16")), ("F1A-before-C32-K48-V16", dict(
+          delta=False, after=False, C=32, T=70, K=48, V=16, B=1)), ("F3-W4-C64-strong-decay", dict(
+          W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True)), ("F3-gather-W2-before-C32", dict(
+          W=2, after=False, C=32, T=45, B=1, K=16, V=16, fused=True)), ("F3A-scans-W4-no-dST", dict(
+          delta=False, W=4, no_dst=True, fused=False))]
+CASES += [_c(f"rowsum-{n}", seed=70 + i, bwd_main="rowsum", **kw) for i, (n, kw) in enumerate(ROWSUM)]
 DECODE = []
 for delta in (True, False):
     for per_col, W in ((False, 1), (True, 1), (False, 4)):

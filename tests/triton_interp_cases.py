@@ -158,16 +158,19 @@ def recompute_case(c):
 if __name__ == "__main__":
     import falcon_lab.kernels.triton as kt
 
+    import falcon_lab.kernels.triton.chunk as kchunk
     import falcon_lab.kernels.triton.common as kcommon
     import falcon_lab.kernels.triton.percol as kpercol
 
     cases = json.loads(sys.argv[1])
     default_3a = kt._FALCON_3A
+    default_bwd_main = kchunk.BWD_MAIN
     for c in cases:
         # what FALCON_TRITON_3A=banded / =scans sets; neither: the default (banded since 2026-12-03) or the env's
         kt._FALCON_3A = "banded" if c.get("banded") else "scans" if c.get("scans") else default_3a
         kpercol.INTRA = c.get("intra", "exact")  # what FALCON_TRITON_2A=blocked sets
         kcommon.STATE_BV = c.get("state_bv", "off")  # what FALCON_TRITON_STATE_BV sets
+        kchunk.BWD_MAIN = c.get("bwd_main", default_bwd_main)  # what FALCON_TRITON_BWD_MAIN sets
         try:
             if c.get("recompute"):
                 res = recompute_case(c)

@@ -137,6 +137,17 @@ cstep eig_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench che
 # (experiments/h200/f2_isolate.sh: the patch's refactor alone, each blocked solve alone, compute-sanitizer on the
 # failing ways); warm_bg: the warm step's compiles in the background beside the checks
 cstep f2iso 330 bash experiments/h200/f2_isolate.sh "$W/f2iso"
+# rowsum: chunk.py's _bwd_main with FALCON_TRITON_BWD_MAIN=rowsum (the gate gradients' row sums from its dq, dx
+# accumulators: 3 of the value loop's 9 dots gone, q and x loaded after it): the whole sweeps of 1 and 1A, the quick
+# rows of 3 and of 3A's W scans (which run chunk.py), then `bench kernels` of falcon-1, -1A, -3A-scans and fla with
+# "dots" (the proven kernel) and "rowsum", one process each; all pass and faster -> "rowsum" the default
+want rowsum && STEPS="$STEPS rowsum_1 rowsum_1A rowsum_3 rowsum_time"
+for v in 1 1A; do
+  cstep "rowsum_$v" 330 env FALCON_TRITON_BWD_MAIN=rowsum python3 -m falcon_lab.bench check --variants "$v" \
+    --out "$W/check_rowsum_$v"
+done
+cstep rowsum_3 330 env FALCON_TRITON_BWD_MAIN=rowsum FALCON_TRITON_3A=scans python3 -m falcon_lab.bench check --quick \
+  --variants 3,3A --out "$W/check_rowsum_3"
 warm_cmd() {
   python3 -c 'from falcon_lab.benchmarking.kernels import OPS, SHAPES
 for o in OPS:
@@ -157,6 +168,9 @@ step f3prep_time 150 bash -c "python3 -m falcon_lab.bench kernels --quick --ops 
 step f2solve_time 300 bash -c "for m in rows:exact blocked:blocked; do FALCON_TRITON_2_SOLVE=\${m%:*} \
   FALCON_TRITON_2_BWD_SOLVE=\${m#*:} python3 -m falcon_lab.bench kernels --ops \${F2_OPS:-falcon-1,falcon-2} \
   --out $W/kernels_f2solve_\${m%:*}; done"
+step rowsum_time 240 bash -c "for m in dots rowsum; do FALCON_TRITON_BWD_MAIN=\$m TRITON_CACHE_AUTOTUNING=1 \
+  TRITON_CACHE_DIR=$PWD/.tcache python3 -m falcon_lab.bench kernels --ops \${ROWSUM_OPS:-falcon-1,falcon-1A,\
+falcon-3A-scans,fla_chunk_delta_rule} --out $W/kernels_bwdmain_\$m; done"
 # warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared .tcache (on
 # a fresh machine the full run alone spent its 440 s mostly compiling, fla's kernels above all: 2026-12-03 call 2)
 step warm 240 bash -c warm_cmd

@@ -30,12 +30,23 @@ A, Wt, Vt and R (the residuals) are stored in the input dtype (as fla does).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _state_init,  # noqa: F401
                      _state_put, _state_tile, _varlen_chunk, _varlen_seq, cdiv, launch, state_bv, varlen_args)
+
+# _bwd_main's three gate-gradient row sums (ours): "rowsum" (the default) takes them from the dq, dx accumulators
+# after the value loop, Σ_v dO_iv (q_i S)_v = q_i · (dO_i Sᵀ) and likewise x_i · (U_i dHᵀ), x_i · (dY_i Sᵀ), so the
+# loop drops its q·S, x·dH and x·S dots (3 of 9) and their [C, BV] fp32 tiles; "dots" forms them inside the loop
+# (the kernel proven on the H200 up to 2026-12-03; the default until "rowsum" is proven there). Same sums, different
+# rounding.
+BWD_MAIN = os.environ.get("FALCON_TRITON_BWD_MAIN", "dots")
+if BWD_MAIN not in ("rowsum", "dots"):
+    raise ValueError(f"FALCON_TRITON_BWD_MAIN must be 'rowsum' or 'dots', got {BWD_MAIN!r}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -474,7 +485,8 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
 def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, XT, XOFF, NT,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-              GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+              GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr,
+              ROWSUM: tl.constexpr):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -507,9 +519,10 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
     ck = tl.arange(0, BK)
     kmask = ck < K
     km = rmask[:, None] & kmask[None, :]
-    q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
-    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
-    dt = q.dtype
+    dt = Q.dtype.element_ty
+    if not ROWSUM:  # the value loop reads q and x (with ROWSUM only the steps after it: fewer live registers)
+        q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
+        x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
     eta = tl.load(ETA + stok, mask=rmask, other=0.).to(tl.float32)
     g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
     u = tl.cumsum(g, 0)
@@ -559,14 +572,16 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
         U = rr * eta[:, None]
         Ud = U.to(dt)
         DOU += tl.dot(do, tl.trans(Ud), input_precision=PREC)
-        qS = tl.dot(q, Sd, input_precision=PREC)
-        d_ur += tl.exp(ur) * tl.sum(do.to(tl.float32) * qS, 1)
+        if not ROWSUM:
+            qS = tl.dot(q, Sd, input_precision=PREC)
+            d_ur += tl.exp(ur) * tl.sum(do.to(tl.float32) * qS, 1)
         dq += tl.dot(do, tl.trans(Sd), input_precision=PREC)
         duC += tl.sum(tl.sum(dH * S, 1), 0) * tl.exp(uC)
-        xdH = tl.dot(x, dHd, input_precision=PREC)
-        Y = eC * tl.sum(xdH * U, 1)
-        duC += tl.sum(Y, 0)
-        d_u -= Y
+        if not ROWSUM:
+            xdH = tl.dot(x, dHd, input_precision=PREC)
+            Y = eC * tl.sum(xdH * U, 1)
+            duC += tl.sum(Y, 0)
+            d_u -= Y
         dxs += tl.dot(Ud, tl.trans(dHd), input_precision=PREC)
         d_eta += tl.sum(dU * rr, 1)
         if DELTA:
@@ -576,10 +591,20 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
             dYd = dY.to(dt)
             dL -= tl.dot(dYd, tl.trans(rr.to(dt)), input_precision=PREC)
             dxy += tl.dot(dYd, tl.trans(Sd), input_precision=PREC)
-            xS = tl.dot(x, Sd, input_precision=PREC)
-            d_ub -= tl.exp(ub) * tl.sum(dY * xS, 1)
+            if not ROWSUM:
+                xS = tl.dot(x, Sd, input_precision=PREC)
+                d_ub -= tl.exp(ub) * tl.sum(dY * xS, 1)
         else:
             tl.store(DV + dxtok[:, None] * V + cv[None, :], (dU * eta[:, None]).to(DV.dtype.element_ty), mask=vm)
+    if ROWSUM:  # the gate gradients' three row sums from the accumulators (ours; see BWD_MAIN)
+        q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
+        x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+        d_ur += tl.exp(ur) * tl.sum(q.to(tl.float32) * dq, 1)
+        Y = eC * tl.sum(x.to(tl.float32) * dxs, 1)
+        duC += tl.sum(Y, 0)
+        d_u -= Y
+        if DELTA:
+            d_ub -= tl.exp(ub) * tl.sum(x.to(tl.float32) * dxy, 1)
     # [C, C] tiles not needed inside the value loop are formed here (fewer live registers)
     qx = tl.dot(q, tl.trans(x), input_precision=PREC)
     Er = tl.where(causal, tl.exp(tl.minimum(ur[:, None] - u[None, :], 0.)), 0.)
@@ -695,8 +720,8 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
         deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
     _bwd_main[(NT, B * H)](q, x, v, R, eta, g, A, HS, DHS, dO, DU, dq, dx, dv, deta, dg, T, XT, xoff,
-                           NT, H, K, V, C, BK, BVm, delta, read_after, prec, group, gather, *va, num_warps=wm,
-                           **st)
+                           NT, H, K, V, C, BK, BVm, delta, read_after, prec, group, gather, *va, BWD_MAIN == "rowsum",
+                           num_warps=wm, **st)
     if gather:
         W = group
         dq = dq.view(B, Ts, W, H, K).sum(2)
