@@ -85,15 +85,16 @@ CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=
                 strong=True, s0=False, no_dst=True, seed=19))
 CASES.append(_c("F2-fp16", delta=True, per_col=True, dtype="float16", seed=20))
 CASES.append(_c("F2-K48-V80-before", delta=True, per_col=True, after=False, T=50, B=1, H=1, K=48, V=80, seed=22))
-# chunk.py's _bwd_main with the gate gradients' row sums taken from its accumulators (FALCON_TRITON_BWD_MAIN=rowsum,
-# ours): Falcon-1 and -1A, both read orders, fp16, Falcon-3's expansion and in-place pseudo-tokens, Falcon-3A's scans
-ROWSUM = [("F1-after-C16", {}), ("F1-before-C16", dict(after=False)), ("F1A-C64-T65", dict(delta=False, C=64, T=65,
-          B=1, H=1, K=32, V=32)), ("F1-fp16", dict(dtype="float16")), ("F1A-before-C32-K48-V16", dict(
-          delta=False, after=False, C=32, T=70, K=48, V=16, B=1)), ("F3-W4-C64-strong-decay", dict(
-          W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True)), ("F3-gather-W2-before-C32", dict(
-          W=2, after=False, C=32, T=45, B=1, K=16, V=16, fused=True)), ("F3A-scans-W4-no-dST", dict(
-          delta=False, W=4, no_dst=True, fused=False))]
-CASES += [_c(f"rowsum-{n}", seed=70 + i, bwd_main="rowsum", **kw) for i, (n, kw) in enumerate(ROWSUM)]
+# chunk.py's _bwd_main with the gate gradients' row sums formed inside its value loop (FALCON_TRITON_BWD_MAIN=dots,
+# the kernel proven up to 2026-12-03; the default takes them from its accumulators): Falcon-1 and -1A, both read
+# orders, fp16, Falcon-3's expansion and in-place pseudo-tokens, Falcon-3A's scans
+DOTS = [("F1-after-C16", {}), ("F1-before-C16", dict(after=False)), ("F1A-C64-T65", dict(delta=False, C=64, T=65,
+        B=1, H=1, K=32, V=32)), ("F1-fp16", dict(dtype="float16")), ("F1A-before-C32-K48-V16", dict(
+        delta=False, after=False, C=32, T=70, K=48, V=16, B=1)), ("F3-W4-C64-strong-decay", dict(
+        W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True)), ("F3-gather-W2-before-C32", dict(
+        W=2, after=False, C=32, T=45, B=1, K=16, V=16, fused=True)), ("F3A-scans-W4-no-dST", dict(
+        delta=False, W=4, no_dst=True, fused=False))]
+CASES += [_c(f"bwd-main-dots-{n}", seed=70 + i, bwd_main="dots", **kw) for i, (n, kw) in enumerate(DOTS)]
 DECODE = []
 for delta in (True, False):
     for per_col, W in ((False, 1), (True, 1), (False, 4)):
@@ -262,3 +263,16 @@ def test_the_blocked_intra_chunk_term_is_the_default():
     env = dict(os.environ, FALCON_TRITON_2A="block")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "FALCON_TRITON_2A must be 'exact' or 'blocked', got 'block'" in out.stderr
+
+
+def test_bwd_main_row_sums_from_the_accumulators_are_the_default():
+    """_bwd_main's gate-gradient row sums from its accumulators (proven on the H200, 2026-12-03) are the default,
+    FALCON_TRITON_BWD_MAIN=dots keeps the in-loop dots, and a typo is refused at import, naming the variable."""
+    import falcon_lab.kernels.triton.chunk as kc
+
+    if "FALCON_TRITON_BWD_MAIN" not in os.environ:
+        assert kc.BWD_MAIN == "rowsum"
+    code = "import falcon_lab.kernels.triton.chunk"
+    env = dict(os.environ, FALCON_TRITON_BWD_MAIN="row")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "FALCON_TRITON_BWD_MAIN must be 'rowsum' or 'dots', got 'row'" in out.stderr

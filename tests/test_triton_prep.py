@@ -77,7 +77,9 @@ def test_the_triton_backend_uses_the_fused_prep_where_it_applies(monkeypatch):
     ok, why = kt.prep_check(s3, window=3, dtype=torch.bfloat16, device_type="cpu")
     assert not ok and "windows 2, 4, 8, 16" in why
     monkeypatch.setattr(kt, "_UNPROVEN", False)
-    ok, why = kt.prep_check(s3, window=4, dtype=torch.bfloat16, device_type="cuda")  # not yet run on the GPU
+    assert kt.prep_check(s3, window=4, dtype=torch.bfloat16, device_type="cuda")[0]  # proven on the H200 (2026-12-03)
+    monkeypatch.setattr(kt, "PROVEN_PREP", kt.PROVEN_PREP - {"3"})
+    ok, why = kt.prep_check(s3, window=4, dtype=torch.bfloat16, device_type="cuda")
     assert not ok and "not proven" in why
     assert kt.prep_check(s3a, window=4, dtype=torch.bfloat16, device_type="cuda")[0]  # proven on the H200
     monkeypatch.setattr(kt, "PROVEN_PREP", kt.PROVEN_PREP - {"3A"})

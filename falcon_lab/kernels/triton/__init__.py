@@ -144,7 +144,12 @@ PROVEN_DECODE = {"1", "1A", "2", "2A", "3", "3A"}
 # Falcon-3A's windowed prep (prep_window.py): its public-op rows with FALCON_TRITON_VARLEN=pad (2/2) and its packed
 # branch inside the varlen-native rows (4/4) passed on the H200 (2026-12-03, 1df2a02):
 # benchmarks/results/h200_logs/kernels_2026-12-03/call2_1df2a02/check_prep3a/ and check_varlen3a/.
-PROVEN_PREP = {"1", "1A", "2", "2A", "3A"}
+# Falcon-3's whole prep fused (prep_window.py with eig: the window Gram, μ_t by the squarings in registers, the gates,
+# the key gradients): the 7 rows of its `bench check` whose prep runs (public op bf16 and fp32, CUDA-graph decode,
+# varlen-native) passed on the H200 (2026-12-03, 5e0a3b1), and `bench kernels` checked it against float64 before
+# timing it: fwd+bwd 16.88 -> 11.58 ms, peak 4526 -> 3744 MB at (16, 2048, 12, 64) against the PyTorch prep + eig.py,
+# same call (benchmarks/results/h200_logs/kernels_2026-12-03c/call1_5e0a3b1/check_f3prep/, kernels_f3prep_*/).
+PROVEN_PREP = {"1", "1A", "2", "2A", "3A", "3"}
 
 # Native packed sequences (chunk.py's VARLEN kernels, 2026-12-02): interpreter-tested against float64. The GPU
 # check's varlen-native rows (bf16 and fp32, C = 16 and 64, per-sequence states and final states, every gradient)

@@ -41,10 +41,13 @@ from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _s
 
 # _bwd_main's three gate-gradient row sums (ours): "rowsum" (the default) takes them from the dq, dx accumulators
 # after the value loop, Σ_v dO_iv (q_i S)_v = q_i · (dO_i Sᵀ) and likewise x_i · (U_i dHᵀ), x_i · (dY_i Sᵀ), so the
-# loop drops its q·S, x·dH and x·S dots (3 of 9) and their [C, BV] fp32 tiles; "dots" forms them inside the loop
-# (the kernel proven on the H200 up to 2026-12-03; the default until "rowsum" is proven there). Same sums, different
-# rounding.
-BWD_MAIN = os.environ.get("FALCON_TRITON_BWD_MAIN", "dots")
+# loop drops its q·S, x·dH and x·S dots (3 of 9) and their [C, BV] fp32 tiles, and q, x load after it; "dots" forms
+# them inside the loop (the kernel proven up to 2026-12-03). Same sums, different rounding. On the H200 (2026-12-03,
+# 5e0a3b1) every row of `bench check` for Falcon-1 and -1A (29 + 29), Falcon-3's quick core rows (10) and every row of
+# Falcon-3A's W scans (29, FALCON_TRITON_3A=scans) passed with "rowsum"; Falcon-1's core fwd+bwd 1.84 -> 1.72,
+# 2.99 -> 2.64, 2.00 -> 1.89, 1.76 -> 1.36 ms at the four benchmark shapes, _bwd_main 0.99 -> 0.85 ms at
+# (16, 2048, 12, 64) (benchmarks/results/h200_logs/kernels_2026-12-03c/).
+BWD_MAIN = os.environ.get("FALCON_TRITON_BWD_MAIN", "rowsum")
 if BWD_MAIN not in ("rowsum", "dots"):
     raise ValueError(f"FALCON_TRITON_BWD_MAIN must be 'rowsum' or 'dots', got {BWD_MAIN!r}")
 
