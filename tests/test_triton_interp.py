@@ -85,6 +85,23 @@ CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=
                 strong=True, s0=False, no_dst=True, seed=19))
 CASES.append(_c("F2-fp16", delta=True, per_col=True, dtype="float16", seed=20))
 CASES.append(_c("F2-K48-V80-before", delta=True, per_col=True, after=False, T=50, B=1, H=1, K=48, V=80, seed=22))
+# Falcon-2's per-column solves by 16-row sub-blocks (ours, opt-in): the forward state pass alone
+# (FALCON_TRITON_2_SOLVE=fwd), both passes (=blocked), the solve's own gradients (FALCON_TRITON_2_BWD_SOLVE=blocked;
+# C = 16 keeps the broadcast)
+CASES.append(_c("F2-solve-fwd-C64-strong-decay", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
+                strong=True, seed=19, solve="fwd"))
+CASES.append(_c("F2-solve-fwd-fp16-C32-K48-V80", delta=True, per_col=True, C=32, T=70, B=1, H=1, K=48, V=80,
+                dtype="float16", seed=23, solve="fwd"))
+CASES.append(_c("F2-solve-blocked-C64-strong-decay", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
+                strong=True, seed=19, solve="blocked"))
+CASES.append(_c("F2-solve-blocked-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20,
+                seed=18, solve="blocked"))
+CASES.append(_c("F2-bwdblk-C64-strong-decay", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
+                strong=True, seed=19, bwd_solve="blocked"))
+CASES.append(_c("F2-bwdblk-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20,
+                seed=18, bwd_solve="blocked"))
+CASES.append(_c("F2-bwdblk-fp16-C64-K48-V80", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=48, V=80,
+                dtype="float16", seed=22, bwd_solve="blocked"))
 # chunk.py's _bwd_main with the gate gradients' row sums formed inside its value loop (FALCON_TRITON_BWD_MAIN=dots,
 # the kernel proven up to 2026-12-03; the default takes them from its accumulators): Falcon-1 and -1A, both read
 # orders, fp16, Falcon-3's expansion and in-place pseudo-tokens, Falcon-3A's scans
@@ -276,3 +293,22 @@ def test_bwd_main_row_sums_from_the_accumulators_are_the_default():
     env = dict(os.environ, FALCON_TRITON_BWD_MAIN="row")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "FALCON_TRITON_BWD_MAIN must be 'rowsum' or 'dots', got 'row'" in out.stderr
+
+
+def test_falcon2_blocked_solve_switches_refuse_typos():
+    """Falcon-2's per-column solves stay on the proven row substitution unless asked (FALCON_TRITON_2_SOLVE=fwd /
+    blocked, FALCON_TRITON_2_BWD_SOLVE=blocked, interpreter-tested above), and bad values fail at import, naming the
+    variable."""
+    import falcon_lab.kernels.triton.percol_delta as kpd
+
+    if "FALCON_TRITON_2_SOLVE" not in os.environ:
+        assert kpd.SOLVE == "rows"
+    if "FALCON_TRITON_2_BWD_SOLVE" not in os.environ:
+        assert kpd.BWD_SOLVE == "exact"
+    code = "import falcon_lab.kernels.triton.percol_delta"
+    for var, val, msg in (("FALCON_TRITON_2_SOLVE", "block", "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd' or "
+                                                            "'blocked', got 'block'"),
+                          ("FALCON_TRITON_2_BLK_BWD", "3,0", "FALCON_TRITON_2_BLK_BWD must be 'warps,bv'")):
+        out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **{var: val}), capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode != 0 and msg in out.stderr, out.stderr[-500:]

@@ -161,6 +161,7 @@ if __name__ == "__main__":
     import falcon_lab.kernels.triton.chunk as kchunk
     import falcon_lab.kernels.triton.common as kcommon
     import falcon_lab.kernels.triton.percol as kpercol
+    import falcon_lab.kernels.triton.percol_delta as kpdelta
 
     cases = json.loads(sys.argv[1])
     default_3a = kt._FALCON_3A
@@ -169,6 +170,8 @@ if __name__ == "__main__":
         # what FALCON_TRITON_3A=banded / =scans sets; neither: the default (banded since 2026-12-03) or the env's
         kt._FALCON_3A = "banded" if c.get("banded") else "scans" if c.get("scans") else default_3a
         kpercol.INTRA = c.get("intra", "exact")  # what FALCON_TRITON_2A=blocked sets
+        kpdelta.SOLVE = c.get("solve", "rows")  # what FALCON_TRITON_2_SOLVE=fwd / =blocked set
+        kpdelta.BWD_SOLVE = c.get("bwd_solve", "exact")  # what FALCON_TRITON_2_BWD_SOLVE=blocked sets
         kcommon.STATE_BV = c.get("state_bv", "off")  # what FALCON_TRITON_STATE_BV sets
         kchunk.BWD_MAIN = c.get("bwd_main", default_bwd_main)  # what FALCON_TRITON_BWD_MAIN sets
         try:

@@ -32,12 +32,12 @@
 #              with it (one process each): faster at (4, 8192, 12, 64) and (1, 32768, 6, 128) -> make it the default;
 #   f2torch    `bench kernels --quick` of Falcon-2 and -2A against the PyTorch chunk forms the Triton kernels replaced
 #              as the CUDA default (Falcon-2 since 2026-12-02), one process;
-#   f2solve    FALCON_TRITON_2_SOLVE (Falcon-2's state passes: per-column solves by 16-row sub-blocks, "blocked", or by
-#              C-step substitution, "rows") and FALCON_TRITON_2_BWD_SOLVE (the solve's own gradients by sub-blocks,
-#              "blocked", or the [C, C, 4] broadcast, "exact"): `bench check --variants 2` with both blocked, then
-#              `bench kernels --ops falcon-1,falcon-2` with rows+exact and with blocked+blocked (one process each);
-#              f3gather_rest: rows 24-29 of
-#              Falcon-3-gather's sweep;
+#   f2solve    Falcon-2's solves by 16-row sub-blocks (percol_delta.py): `bench check --variants 2` with
+#              FALCON_TRITON_2_SOLVE=fwd FALCON_TRITON_2_BWD_SOLVE=blocked, then `bench kernels --ops falcon-1,falcon-2`
+#              for each SOLVE:BWD_SOLVE pair of F2_MODES (default "rows:exact fwd:blocked"), one process each;
+#   f2iso      experiments/h200/f2_isolate.sh: the blocked ways one at a time on Falcon-2's rows that failed;
+#   f3gather_rest  rows 24-29 of Falcon-3-gather's sweep;
+#   rowsum     chunk.py's _bwd_main with FALCON_TRITON_BWD_MAIN=rowsum (proven and the default since 2026-12-03);
 #   eig        Falcon-3's mu_t squarings in one Triton kernel (triton/eig.py): rows 23-29 of `bench check --variants 3`
 #              (the public op, decode, varlen-native: the rows whose prep runs it) with FALCON_TRITON_UNPROVEN=1, then
 #              `bench kernels --quick --ops falcon-3` with the PyTorch squarings (FALCON_TRITON_PREP=torch) and with it;
@@ -117,12 +117,13 @@ cstep prep3a 240 env FALCON_TRITON_VARLEN=pad FALCON_TRITON_UNPROVEN=1 python3 -
   --variants 3A --kinds api-varlen-continuation --out "$W/check_prep3a"
 cstep banded_api 240 env FALCON_TRITON_3A=banded FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
   --variants 3A --kinds api-varlen-continuation,decode-cuda-graph --out "$W/check_banded_api"
-# The tenth session (2026-12-03): Falcon-2's solves by 16-row sub-blocks, which live in
-# experiments/h200/f2_blocked_solve.patch since they FAILED on the H200 at 81ff606 (kernels_2026-12-03b/call4_81ff606/:
-# K = 128, C = 64 bf16 gradients 0.4 off with either solve, fp32 K = 64, C = 64 an illegal address): `git apply` it
-# before running f2solve. Falcon-3-gather's rows the earlier calls did not reach: f3gather_rest
+# Falcon-2's solves by 16-row sub-blocks (percol_delta.py, opt-in since 2026-12-03): f2solve_check, the whole
+# sweep with the candidate pair (the forward state pass by blocks, FALCON_TRITON_2_SOLVE=fwd, and the solve's
+# gradients by blocks, FALCON_TRITON_2_BWD_SOLVE=blocked; both passed the rows tried at 5e0a3b1, the reverse state pass
+# by blocks did not); f2solve_time: `bench kernels` of falcon-1, -2 for each SOLVE:BWD_SOLVE pair of F2_MODES.
+# Falcon-3-gather's rows the earlier calls did not reach: f3gather_rest
 want f2solve && STEPS="$STEPS f2solve_check f2solve_time"
-cstep f2solve_check 330 env FALCON_TRITON_2_BWD_SOLVE=blocked FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench \
+cstep f2solve_check 330 env FALCON_TRITON_2_SOLVE=fwd FALCON_TRITON_2_BWD_SOLVE=blocked python3 -m falcon_lab.bench \
   check --variants 2 --out "$W/check_f2solve"
 cstep f3gather_rest 240 env FALCON_TRITON_3=gather FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench check \
   --variants 3 --rows 24-29 --out "$W/check_f3gather_rest"
@@ -133,9 +134,9 @@ cstep eig_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench che
   --out "$W/check_eig"
 # Falcon-3's fused prep (prep_window.py with eig; FALCON_TRITON_UNPROVEN=1 turns it on for unpacked calls): the same
 # rows; all pass -> "3" into PROVEN_PREP
-# The eleventh session (2026-12-03): Falcon-2's blocked solves isolated in a patched copy of the tree
-# (experiments/h200/f2_isolate.sh: the patch's refactor alone, each blocked solve alone, compute-sanitizer on the
-# failing ways); warm_bg: the warm step's compiles in the background beside the checks
+# f2iso: Falcon-2's blocked solves one way at a time on the rows that failed (experiments/h200/f2_isolate.sh: the
+# candidate pair, and the failing reverse pass at other warps / value tiles, compute-sanitizer on what fails);
+# warm_bg: the warm step's compiles in the background beside the checks
 cstep f2iso 330 bash experiments/h200/f2_isolate.sh "$W/f2iso"
 # rowsum: chunk.py's _bwd_main with FALCON_TRITON_BWD_MAIN=rowsum (the gate gradients' row sums from its dq, dx
 # accumulators: 3 of the value loop's 9 dots gone, q and x loaded after it): the whole sweeps of 1 and 1A, the quick
@@ -165,9 +166,9 @@ wait
 step f3prep_time 150 bash -c "python3 -m falcon_lab.bench kernels --quick --ops falcon-1,falcon-3 \
   --out $W/kernels_f3prep_eig; FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --quick --ops \
   falcon-1,falcon-3 --out $W/kernels_f3prep_fused"
-step f2solve_time 300 bash -c "for m in rows:exact blocked:blocked; do FALCON_TRITON_2_SOLVE=\${m%:*} \
+step f2solve_time 300 bash -c "for m in \${F2_MODES:-rows:exact fwd:blocked}; do FALCON_TRITON_2_SOLVE=\${m%:*} \
   FALCON_TRITON_2_BWD_SOLVE=\${m#*:} python3 -m falcon_lab.bench kernels --ops \${F2_OPS:-falcon-1,falcon-2} \
-  --out $W/kernels_f2solve_\${m%:*}; done"
+  --out $W/kernels_f2solve_\${m%:*}_\${m#*:}; done"
 step rowsum_time 240 bash -c "for m in dots rowsum; do FALCON_TRITON_BWD_MAIN=\$m TRITON_CACHE_AUTOTUNING=1 \
   TRITON_CACHE_DIR=$PWD/.tcache python3 -m falcon_lab.bench kernels --ops \${ROWSUM_OPS:-falcon-1,falcon-1A,\
 falcon-3A-scans,fla_chunk_delta_rule} --out $W/kernels_bwdmain_\$m; done"

@@ -29,6 +29,8 @@ by fp32 value tiles >= 32.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -36,6 +38,34 @@ import triton.language as tl
 from .common import (_chunk_rows, _empty, _state_init, _state_put, _state_tile, _varlen_chunk, _varlen_seq,
                      cdiv, launch, varlen_args)
 from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
+
+# The per-column solves inside the two sequential state passes (ours, opt-in): "rows" (C-step substitution over the
+# whole [C, BV] chunk, proven on the H200 on 2026-12-02; the default), "fwd" (the forward pass by SBS = 16-row
+# sub-blocks, the off-diagonal coupling as tensor-core dots through a [K, BV] accumulator, only the diagonal blocks
+# substituted; the reverse pass by rows) or "blocked" (both passes by sub-blocks). The same arithmetic, right under the
+# interpreter. On the H200 (2026-12-03, benchmarks/results/h200_logs/kernels_2026-12-03c/call1_5e0a3b1/f2iso/) the
+# forward pass by blocks gave right outputs and final states at every row tried, while the reverse pass by blocks
+# (_pcd_bwd_state_blk) gave every gradient through dH wrong at K = 128, C = 64 bf16 and read shared or local memory
+# out of range at fp32 K = 64, C = 64 (compute-sanitizer: in _bwd_solve_blocked's loop over sub-blocks, last first):
+# "blocked" runs on CUDA only with FALCON_TRITON_UNPROVEN=1. FALCON_TRITON_2_BLK_BWD="warps,bv" sets the launch of
+# that reverse kernel (default "8,0": 8 warps, the pass's value tile) for the experiments that isolate it.
+SOLVE = os.environ.get("FALCON_TRITON_2_SOLVE", "rows")
+if SOLVE not in ("rows", "fwd", "blocked"):
+    raise ValueError(f"FALCON_TRITON_2_SOLVE must be 'rows', 'fwd' or 'blocked', got {SOLVE!r}")
+try:
+    BLK_BWD = tuple(int(t) for t in os.environ.get("FALCON_TRITON_2_BLK_BWD", "8,0").split(","))
+    assert len(BLK_BWD) == 2 and BLK_BWD[0] in (1, 2, 4, 8, 16) and BLK_BWD[1] in (0, 16, 32, 64, 128)
+except (ValueError, AssertionError):
+    raise ValueError("FALCON_TRITON_2_BLK_BWD must be 'warps,bv' (warps 1-16, a power of two; bv 0 = the pass's "
+                     f"value tile, or 16-128), got {os.environ.get('FALCON_TRITON_2_BLK_BWD')!r}") from None
+
+
+# The solve's own gradients (pass 1 of _pcd_bwd_solve): "blocked" (_pcd_bwd_solve_blk, 16-row sub-blocks with
+# tensor-core dots off the diagonal: ours, interpreter-tested; on the H200 rows 1, 7, 10, 11, 17, 20 of Falcon-2's check
+# passed with it on 2026-12-03, the whole sweep not yet run, so opt-in) or "exact" (the [C, C, 4] broadcast, proven).
+BWD_SOLVE = os.environ.get("FALCON_TRITON_2_BWD_SOLVE", "exact")
+if BWD_SOLVE not in ("exact", "blocked"):
+    raise ValueError(f"FALCON_TRITON_2_BWD_SOLVE must be 'exact' or 'blocked', got {BWD_SOLVE!r}")
 
 
 @triton.jit
@@ -210,7 +240,8 @@ def _pcd_bwd_state(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H: tl
 @triton.jit
 def _pcd_bwd_solve(X, ETA, G, HS, RR, DRHS, SUP, SU, DX32, DX, DV, DETA, DG, T, NT, H: tl.constexpr,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   SB: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+                   SB: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr,
+                   PASS1: tl.constexpr):
     """The solve's own gradients, added to what _pc_bwd_main wrote (DX32 in fp32, DETA, DG). With
     dL[i, s] = -drhs_i R_s (s < i) and ℓ the entries of L: dGram = Σ_c dL e^{u⁻_i - u_s} η_s,
     dη_s = Σ_i dL (x_i·x_s) e^{..}, du⁻_i = Σ_s dL ℓ, du_s = -Σ_i dL ℓ; from the right-hand side
@@ -244,8 +275,8 @@ def _pcd_bwd_solve(X, ETA, G, HS, RR, DRHS, SUP, SU, DX32, DX, DV, DETA, DG, T, 
     strict = i[:, None] > i[None, :]
     gram = tl.where(strict, tl.dot(x, tl.trans(x), input_precision=PREC), 0.)
     dgram = tl.zeros([C, C], dtype=tl.float32)
-    # pass 1: the [C, C, SB] terms of the per-column systems, SB columns at a time
-    for vb in range(0, tl.cdiv(V, SB)):
+    # pass 1: the [C, C, SB] terms of the per-column systems, SB columns at a time (or _pcd_bwd_solve_blk's, before)
+    for vb in range(0, tl.cdiv(V, SB) if PASS1 else 0):
         cv = vb * SB + tl.arange(0, SB)
         vm = rmask[:, None] & (cv < V)[None, :]
         off = tok[:, None] * V + cv[None, :]
@@ -284,10 +315,306 @@ def _pcd_bwd_solve(X, ETA, G, HS, RR, DRHS, SUP, SU, DX32, DX, DV, DETA, DG, T, 
         dg = tl.cumsum(tot, 0, reverse=True) - d_up
         tl.store(DG + off, tl.load(DG + off, mask=vm, other=0.) + dg, mask=vm)
         dx += tl.dot(dpx.to(dt), tl.trans(S.to(dt)), input_precision=PREC)
-    dgs = dgram + tl.trans(dgram)
-    dx += tl.dot(dgs.to(dt), x, input_precision=PREC)
+    if PASS1:
+        dgs = dgram + tl.trans(dgram)
+        dx += tl.dot(dgs.to(dt), x, input_precision=PREC)
     dx += tl.load(DX32 + tok[:, None] * K + ck[None, :], mask=km, other=0.)
     tl.store(DX + tok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
+
+
+@triton.jit
+def _pcd_fwd_state_blk(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K: tl.constexpr,
+                   V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   HAS_S0: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr,
+                   SBS: tl.constexpr):
+    """_pcd_fwd_state with the per-column solves by SBS-row sub-blocks (_fwd_solve_blocked; ours, experimental)."""
+    vb = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
+    bh64 = bh.to(tl.int64)
+    S = _state_init(S0, bh64, soff, smask, HAS_S0, K, V, BK, BV)
+    if VARLEN:  # packed sequences (common.varlen): (b, h) = (sequence, head), pointers moved to its first token
+        bos, T, NL, coff = _varlen_seq(CU, COFF, b, C)
+        X += bos * H * K
+        VV += bos * H * V
+        ETA += bos * H * V
+        G += bos * H * V
+        RR += bos * H * V
+        HS += coff * K * V
+        hs = h.to(tl.int64)
+        b = 0
+    else:
+        NL = NT
+        hs = bh64
+    for n in range(0, NL):
+        _state_put(HS, S, hs, n, NT, soff, smask, K, V)
+        rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
+        x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+        vm = rmask[:, None] & vmask[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        v = tl.load(VV + off, mask=vm, other=0.).to(tl.float32)
+        g = tl.load(G + off, mask=vm, other=0.)
+        u = tl.cumsum(g, 0)
+        up = u - g
+        uC = tl.sum(g, 0)
+        R = v - tl.exp(up) * tl.dot(x, S.to(x.dtype), input_precision=PREC)
+        # the right-hand sides of the whole chunk, then the solve by SBS-row sub-blocks (_fwd_solve_blocked)
+        tl.store(RR + off, R, mask=vm)
+        tl.debug_barrier()
+        A = _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H, K, V, C, BK, BV, SBS, PREC)
+        S = S * tl.exp(uC)[None, :] + A
+    tl.store(ST + bh64 * K * V + soff, S, mask=smask)
+
+
+@triton.jit
+def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H: tl.constexpr,
+                   K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr,
+                   PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr, SBS: tl.constexpr):
+    """_pcd_bwd_state with the transposed solves by SBS-row sub-blocks (_bwd_solve_blocked; ours, experimental).
+    Reverse state pass: dH (the gradient of the state after each chunk), the state part of dU, and
+    drhs = (I + L)^{-T} (η ⊙ dU) by backward substitution; the solve's right-hand side reads S, so
+    dH gains Xᵀ(-e^{u⁻} ⊙ drhs)."""
+    vb = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
+    bh64 = bh.to(tl.int64)
+    dH = _state_init(DST, bh64, soff, smask, HAS_DST, K, V, BK, BV)
+    if VARLEN:
+        bos, T, NL, coff = _varlen_seq(CU, COFF, b, C)
+        Q += bos * H * K
+        X += bos * H * K
+        ETA += bos * H * V
+        G += bos * H * V
+        DO += bos * H * V
+        DUI += bos * H * V
+        DSU += bos * H * V
+        DRHS += bos * H * V
+        DHS += coff * K * V
+        hs = h.to(tl.int64)
+        b = 0
+    else:
+        NL = NT
+        hs = bh64
+    for nn in range(0, NL):
+        n = NL - 1 - nn
+        _state_put(DHS, dH, hs, n, NT, soff, smask, K, V)
+        rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
+        km = rmask[:, None] & kmask[None, :]
+        vm = rmask[:, None] & vmask[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        x = tl.load(X + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+        q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+        dt = x.dtype
+        eta = tl.load(ETA + off, mask=vm, other=0.)
+        g = tl.load(G + off, mask=vm, other=0.)
+        do = tl.load(DO + off, mask=vm, other=0.).to(tl.float32)
+        u = tl.cumsum(g, 0)
+        up = u - g
+        uC = tl.sum(g, 0)
+        if READ_AFTER:
+            ur = u
+        else:
+            ur = up
+        dsu = tl.dot(x, dH.to(dt), input_precision=PREC) * tl.exp(tl.minimum(uC[None, :] - u, 0.))
+        tl.store(DSU + off, dsu, mask=vm)
+        d = eta * (tl.load(DUI + off, mask=vm, other=0.) + dsu)
+        tl.store(DRHS + off, d, mask=vm)
+        tl.debug_barrier()
+        xd = _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H, K, V, C, BK, BV, SBS, PREC)
+        dH = dH * tl.exp(uC)[None, :] + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(dt), input_precision=PREC) - xd
+    if STORE_DS0:
+        tl.store(DS0 + bh64 * K * V + soff, dH, mask=smask)
+
+
+@triton.jit
+def _subst_fwd(R, gram, eta, u, up, i, N: tl.constexpr):
+    """(I + L) R_new = R for one diagonal block by forward substitution, column-oriented (R_s is final once the
+    rows < s are done); L[i, s] = [s < i] gram[i, s] e^{u⁻_i - u_s} η_s per value column; rows i = tl.arange."""
+    for s in range(0, N):
+        sel = i == s
+        r_s = tl.sum(tl.where(sel[:, None], R, 0.), 0)
+        u_s = tl.sum(tl.where(sel[:, None], u, 0.), 0)
+        e_s = tl.sum(tl.where(sel[:, None], eta, 0.), 0)
+        g_s = tl.sum(tl.where(sel[None, :], gram, 0.), 1)  # (x_i·x_s) over i
+        coef = tl.where((i > s)[:, None], g_s[:, None] * tl.exp(tl.minimum(up - u_s[None, :], 0.)), 0.)
+        R = R - coef * (e_s * r_s)[None, :]
+    return R
+
+
+@triton.jit
+def _subst_bwd(d, gram, eta, u, up, i, N: tl.constexpr):
+    """(I + L)ᵀ d_new = d for one diagonal block by backward substitution (d_r is final once the rows > r are
+    done); L as in _subst_fwd."""
+    for rr in range(0, N):
+        r = N - 1 - rr
+        sel = i == r
+        d_r = tl.sum(tl.where(sel[:, None], d, 0.), 0)
+        up_r = tl.sum(tl.where(sel[:, None], up, 0.), 0)
+        g_r = tl.sum(tl.where(sel[:, None], gram, 0.), 0)  # (x_r·x_s) over s
+        coef = tl.where((i < r)[:, None], g_r[:, None] * tl.exp(tl.minimum(up_r[None, :] - u, 0.)) * eta, 0.)
+        d = d - coef * d_r[None, :]
+    return d
+
+
+@triton.jit
+def _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SBS: tl.constexpr,
+                       PREC: tl.constexpr):
+    """Chunk n's per-column systems (I + L) R = RHS (RHS in RR, overwritten by R) by SBS-row sub-blocks (ours):
+    for s in an earlier sub-block and i in sub-block a, L[i, s] = (x_i·x_s) e^{u⁻_i - u_s} η_s factors through the
+    sub-block start a0 as e^{u⁻_i - u_{a0}} · (x_i · A) with A = Σ_s x_s (e^{u_{a0} - u_s} η_s R_s)ᵀ, a [K, BV]
+    accumulator: the off-diagonal blocks become tensor-core dots, only the diagonal [SBS, SBS] blocks are
+    substituted (SBS steps of [SBS, BV] work instead of C steps of [C, BV]). Every exponent is a within-sub-block
+    difference <= 0. Returns A at the chunk end, Xᵀ (e^{u_C - u} ⊙ η ⊙ R): the state update's increment."""
+    j = tl.arange(0, SBS)
+    A = tl.zeros([BK, BV], dtype=tl.float32)
+    for a in range(0, C // SBS):
+        rows, rmask, tok, _ = _chunk_rows(b, h, n, a * SBS + j, T, T, 0, H, C)
+        xa = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+        vm = rmask[:, None] & vmask[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        ea = tl.load(ETA + off, mask=vm, other=0.)
+        ga = tl.load(G + off, mask=vm, other=0.)
+        ua = tl.cumsum(ga, 0)
+        upa = ua - ga
+        gs = tl.sum(ga, 0)
+        ra = tl.load(RR + off, mask=vm, other=0.) - tl.exp(upa) * tl.dot(xa, A.to(xa.dtype), input_precision=PREC)
+        ra = _subst_fwd(ra, tl.dot(xa, tl.trans(xa), input_precision=PREC), ea, ua, upa, j, SBS)
+        tl.store(RR + off, ra, mask=vm)
+        w = ra * ea * tl.exp(tl.minimum(gs[None, :] - ua, 0.))
+        A = A * tl.exp(gs)[None, :] + tl.dot(tl.trans(xa), w.to(xa.dtype), input_precision=PREC)
+    return A
+
+
+@triton.jit
+def _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SBS: tl.constexpr,
+                       PREC: tl.constexpr):
+    """The transposed solve (I + L)ᵀ drhs = d of chunk n (d in DRHS, overwritten by drhs) by SBS-row sub-blocks,
+    last first (ours): for s in sub-block a and i in a later one, L[i, s] drhs_i = η_s e^{u_{a1} - u_s} (x_s · Gc)
+    with a1 the sub-block's last row and Gc = Σ_i x_i (e^{u⁻_i - u_{a1}} drhs_i)ᵀ, a [K, BV] accumulator.
+    Returns Gc at the chunk start, Xᵀ (e^{u⁻} ⊙ drhs): minus the solve's right-hand side's part of dH."""
+    j = tl.arange(0, SBS)
+    Gc = tl.zeros([BK, BV], dtype=tl.float32)
+    NB: tl.constexpr = C // SBS
+    for aa in range(0, NB):
+        a = NB - 1 - aa
+        rows, rmask, tok, _ = _chunk_rows(b, h, n, a * SBS + j, T, T, 0, H, C)
+        xa = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+        vm = rmask[:, None] & vmask[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        ea = tl.load(ETA + off, mask=vm, other=0.)
+        ga = tl.load(G + off, mask=vm, other=0.)
+        ua = tl.cumsum(ga, 0)
+        upa = ua - ga
+        gs = tl.sum(ga, 0)
+        da = tl.load(DRHS + off, mask=vm, other=0.) \
+            - ea * tl.exp(tl.minimum(gs[None, :] - ua, 0.)) * tl.dot(xa, Gc.to(xa.dtype), input_precision=PREC)
+        da = _subst_bwd(da, tl.dot(xa, tl.trans(xa), input_precision=PREC), ea, ua, upa, j, SBS)
+        tl.store(DRHS + off, da, mask=vm)
+        Gc = Gc * tl.exp(gs)[None, :] + tl.dot(tl.trans(xa), (tl.exp(upa) * da).to(xa.dtype), input_precision=PREC)
+    return Gc
+
+
+@triton.jit
+def _pcd_bwd_solve_blk(X, ETA, G, RR, DRHS, SUP, SU, DX32, DV, DETA, T, H: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                       CU, CIDX, COFF, VARLEN: tl.constexpr):
+    """Pass 1 of _pcd_bwd_solve by 16-row sub-blocks (ours, FALCON_TRITON_2_SOLVE=blocked): program (chunk·NB + a,
+    b·H + h) owns the rows of sub-block a. With E[i, s] = e^{u⁻_i - u_s} (s < i), ηR = η ⊙ R and gram = X Xᵀ:
+    P1_i = Σ_s gram E ηR_s, P2_s = Σ_i gram E d_i, dgram[i, s] = -Σ_c d_i E ηR_s; then SUP = -d ⊙ P1, SU = ηR ⊙ P2,
+    dη += -R ⊙ P2, dv = d and dX += (dgram + dgramᵀ) X for its rows. The diagonal [16, 16] block is the exact
+    broadcast; against earlier rows s (ρ the log-prefix before the block) E = e^{u⁻_i - ρ} e^{ρ - u_s}, against later
+    rows i (ρ' the prefix at the block's end) E = e^{u⁻_i - ρ'} e^{ρ' - u_s}: tensor-core dots, every exponent <= 0.
+    _pcd_bwd_solve then runs only its pass 2 (the right-hand side's terms and d log γ, which scan the chunk)."""
+    NB: tl.constexpr = C // 16
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    n = pid // NB
+    a = pid % NB
+    b = bh // H
+    h = bh % H
+    if VARLEN:
+        _s, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        X += bos * H * K
+        ETA += bos * H * V
+        G += bos * H * V
+        RR += bos * H * V
+        DRHS += bos * H * V
+        SUP += bos * H * V
+        SU += bos * H * V
+        DX32 += bos * H * K
+        DV += bos * H * V
+        DETA += bos * H * V
+    i = tl.arange(0, C)
+    j = tl.arange(0, 16)
+    rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
+    _r, ma, ta, _x = _chunk_rows(b, h, n * NB + a, j, T, T, 0, H, 16)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+    dt = x.dtype
+    xa = tl.load(X + ta[:, None] * K + ck[None, :], mask=ma[:, None] & kmask[None, :], other=0.)
+    before = i < a * 16
+    after = i >= a * 16 + 16
+    strict = j[:, None] > j[None, :]
+    grow = tl.dot(xa, tl.trans(x), input_precision=PREC)  # [16, C]: x_a · x_s (gram is symmetric)
+    gaa = tl.where(strict, tl.dot(xa, tl.trans(xa), input_precision=PREC), 0.)
+    g_bef = tl.where(before[None, :], grow, 0.).to(dt)
+    g_aft = tl.where(after[None, :], grow, 0.).to(dt)
+    dg_row = tl.zeros([16, C], dtype=tl.float32)  # dgram[i in a, s before a]
+    dg_col = tl.zeros([16, C], dtype=tl.float32)  # dgram[i after a, s in a], as [s, i]
+    dg_aa = tl.zeros([16, 16], dtype=tl.float32)
+    for vb in range(0, tl.cdiv(V, BV)):
+        cv = vb * BV + tl.arange(0, BV)
+        vmask = cv < V
+        vm = rmask[:, None] & vmask[None, :]
+        va = ma[:, None] & vmask[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        offa = ta[:, None] * V + cv[None, :]
+        g = tl.load(G + off, mask=vm, other=0.)
+        u = tl.cumsum(g, 0)
+        up = u - g
+        eR = tl.load(ETA + off, mask=vm, other=0.) * tl.load(RR + off, mask=vm, other=0.)
+        d = tl.load(DRHS + off, mask=vm, other=0.)
+        rho = tl.sum(tl.where(before[:, None], g, 0.), 0)
+        rho_e = tl.sum(tl.where(after[:, None], 0., g), 0)
+        ga = tl.load(G + offa, mask=va, other=0.)
+        ea = tl.load(ETA + offa, mask=va, other=0.)
+        Ra = tl.load(RR + offa, mask=va, other=0.)
+        da = tl.load(DRHS + offa, mask=va, other=0.)
+        ua = tl.cumsum(ga, 0) + rho[None, :]
+        upa = ua - ga
+        eRa = ea * Ra
+        E = tl.where(strict[:, :, None], tl.exp(tl.minimum(upa[:, None, :] - ua[None, :, :], 0.)), 0.)
+        GE = gaa[:, :, None] * E
+        p1 = tl.sum(GE * eRa[None, :, :], 1)  # [16 (i), BV]
+        p2 = tl.sum(GE * da[:, None, :], 0)  # [16 (s), BV]
+        dg_aa -= tl.sum(E * da[:, None, :] * eRa[None, :, :], 2)
+        w1 = tl.where(before[:, None], tl.exp(tl.minimum(rho[None, :] - u, 0.)) * eR, 0.)
+        w2 = tl.where(after[:, None], tl.exp(tl.minimum(up - rho_e[None, :], 0.)) * d, 0.)
+        da_l = da * tl.exp(tl.minimum(upa - rho[None, :], 0.))
+        eRa_r = eRa * tl.exp(tl.minimum(rho_e[None, :] - ua, 0.))
+        p1 += tl.exp(tl.minimum(upa - rho[None, :], 0.)) * tl.dot(g_bef, w1.to(dt), input_precision=PREC)
+        p2 += tl.exp(tl.minimum(rho_e[None, :] - ua, 0.)) * tl.dot(g_aft, w2.to(dt), input_precision=PREC)
+        dg_row -= tl.dot(da_l.to(dt), tl.trans(w1.to(dt)), input_precision=PREC)
+        dg_col -= tl.dot(eRa_r.to(dt), tl.trans(w2.to(dt)), input_precision=PREC)
+        tl.store(DETA + offa, tl.load(DETA + offa, mask=va, other=0.) - Ra * p2, mask=va)
+        tl.store(SUP + offa, -da * p1, mask=va)
+        tl.store(SU + offa, eRa * p2, mask=va)
+        tl.store(DV + offa, da.to(DV.dtype.element_ty), mask=va)
+    dx = tl.dot((dg_row + dg_col).to(dt), x, input_precision=PREC) \
+        + tl.dot((dg_aa + tl.trans(dg_aa)).to(dt), xa, input_precision=PREC)
+    dxo = ta[:, None] * K + ck[None, :]
+    km = ma[:, None] & kmask[None, :]
+    tl.store(DX32 + dxo, tl.load(DX32 + dxo, mask=km, other=0.) + dx, mask=km)
 
 
 def _check_layout(**named):
@@ -316,8 +643,12 @@ def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_s
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     RR = torch.empty(B, T, H, V, dtype=f32, device=dev)
     ST = _empty((NS, H, K, V), f32, dev)
-    _pcd_fwd_state[(cdiv(V, BVs), NS * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T,
-                                           NT, H, K, V, C, BK, BVs, S0 is not None, prec, *va, **st)
+    fargs = (x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T, NT, H, K, V, C, BK, BVs, S0 is not None,
+             prec, *va)
+    if SOLVE in ("fwd", "blocked") and C > 16:
+        _pcd_fwd_state_blk[(cdiv(V, BVs), NS * H)](*fargs, 16, **st)
+    else:
+        _pcd_fwd_state[(cdiv(V, BVs), NS * H)](*fargs, **st)
     OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
     _pc_fwd_inter[(cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
                                              prec, *va, **st)
@@ -359,10 +690,17 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     # with wgmma m64n8k8 instructions (Triton 3.6); with BV = 32 it compiles to the m64n16k8 / m64n32k8 / mma.sync
     # mix of the builds that pass (experiments/h200/pcd_offline_compile.py). Masked columns cost nothing in bounds.
     BVb = max(BVs, 32) if q.dtype == torch.float32 else BVs
-    _pcd_bwd_state[(cdiv(V, BVb), NS * H)](
-        q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS,
-        DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BVb, read_after, dST is not None, need_ds0,
-        prec, *va, num_warps=8, **st)
+    if SOLVE == "blocked" and C > 16:
+        if dev.type == "cuda" and os.environ.get("FALCON_TRITON_UNPROVEN", "0") != "1":
+            raise RuntimeError("FALCON_TRITON_2_SOLVE=blocked: the reverse state pass by sub-blocks failed on the H200 "
+                               "(2026-12-03); it runs on CUDA only with FALCON_TRITON_UNPROVEN=1 (use 'fwd' or 'rows')")
+        BVb = BLK_BWD[1] or BVb
+    bargs = (q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS, DS0 if DS0 is not None else eta,
+             T, NT, H, K, V, C, BK, BVb, read_after, dST is not None, need_ds0, prec, *va)
+    if SOLVE == "blocked" and C > 16:
+        _pcd_bwd_state_blk[(cdiv(V, BVb), NS * H)](*bargs, 16, num_warps=BLK_BWD[0], **st)
+    else:
+        _pcd_bwd_state[(cdiv(V, BVb), NS * H)](*bargs, num_warps=8, **st)
     # Falcon-2A's backward with R as the values: dq (final), the read-out and state-update parts of
     # dx, dη and d log γ. Its "dv" is η ⊙ dU, already used above: written over the spent DUI.
     DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)
@@ -375,6 +713,10 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
                    read_after, prec, va, st)
     dx = _empty(x.shape, x.dtype, dev)
     dv = _empty((B, T, H, V), v_dtype, dev)
+    blk = BWD_SOLVE == "blocked" and C > 16
+    if blk:
+        _pcd_bwd_solve_blk[(NT * (C // 16), B * H)](x, eta, g, RR, DRHS, DGR, DGU, dx32, dv, deta, T, H, K, V, C,
+                                                    BK, min(32, BVm), prec, *va, num_warps=8, **st)
     _pcd_bwd_solve[(NT, B * H)](x, eta, g, HS, RR, DRHS, DGR, DGU, dx32, dx, dv, deta, dg, T, NT, H, K, V,
-                                C, BK, BVm, SB, prec, *va, num_warps=8, **st)
+                                C, BK, BVm, SB, prec, *va, not blk, num_warps=8, **st)
     return dq, dx, dv, deta, dg, DS0
