@@ -112,6 +112,12 @@ DOTS = [("F1-after-C16", {}), ("F1-before-C16", dict(after=False)), ("F1A-C64-T6
         W=2, after=False, C=32, T=45, B=1, K=16, V=16, fused=True)), ("F3A-scans-W4-no-dST", dict(
         delta=False, W=4, no_dst=True, fused=False))]
 CASES += [_c(f"bwd-main-dots-{n}", seed=70 + i, bwd_main="dots", **kw) for i, (n, kw) in enumerate(DOTS)]
+# _bwd_main split into _bwd_cc, _bwd_dqdx and _bwd_gate (FALCON_TRITON_BWD_MAIN=split, opt-in, ours): the same cases,
+# plus K = 80 (two key tiles of 64 and a partial one's mask) and Falcon-1A with K = 128, V = 80 (two key tiles, value
+# blocks of 64 and a masked rest)
+SPLIT = DOTS + [("F1-K80-C32-T45", dict(C=32, T=45, B=1, K=80, V=16)), ("F1A-before-K128-V80", dict(
+    delta=False, after=False, T=40, B=1, H=1, K=128, V=80))]
+CASES += [_c(f"bwd-main-split-{n}", seed=110 + i, bwd_main="split", **kw) for i, (n, kw) in enumerate(SPLIT)]
 DECODE = []
 for delta in (True, False):
     for per_col, W in ((False, 1), (True, 1), (False, 4)):
@@ -284,7 +290,8 @@ def test_the_blocked_intra_chunk_term_is_the_default():
 
 def test_bwd_main_row_sums_from_the_accumulators_are_the_default():
     """_bwd_main's gate-gradient row sums from its accumulators (proven on the H200, 2026-12-03) are the default,
-    FALCON_TRITON_BWD_MAIN=dots keeps the in-loop dots, and a typo is refused at import, naming the variable."""
+    FALCON_TRITON_BWD_MAIN=dots keeps the in-loop dots (=split: three kernels, opt-in), and a typo is refused at import,
+    naming the variable."""
     import falcon_lab.kernels.triton.chunk as kc
 
     if "FALCON_TRITON_BWD_MAIN" not in os.environ:
@@ -292,7 +299,8 @@ def test_bwd_main_row_sums_from_the_accumulators_are_the_default():
     code = "import falcon_lab.kernels.triton.chunk"
     env = dict(os.environ, FALCON_TRITON_BWD_MAIN="row")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode != 0 and "FALCON_TRITON_BWD_MAIN must be 'rowsum' or 'dots', got 'row'" in out.stderr
+    want = "FALCON_TRITON_BWD_MAIN must be 'rowsum', 'dots' or 'split', got 'row'"
+    assert out.returncode != 0 and want in out.stderr
 
 
 def test_falcon2_blocked_solve_switches_refuse_typos():

@@ -37,7 +37,8 @@
 #              for each SOLVE:BWD_SOLVE pair of F2_MODES (default "rows:exact fwd:blocked"), one process each;
 #   f2iso      experiments/h200/f2_isolate.sh: the blocked ways one at a time on Falcon-2's rows that failed;
 #   f3gather_rest  rows 24-29 of Falcon-3-gather's sweep;
-#   rowsum     chunk.py's _bwd_main with FALCON_TRITON_BWD_MAIN=rowsum (proven and the default since 2026-12-03);
+#   bwdmain    chunk.py's backward with FALCON_TRITON_BWD_MAIN=$BWD_MAIN_TRY (default split): sweeps, then timings
+#              against the default (rowsum, proven this way on 2026-12-03 as steps rowsum_*);
 #   eig        Falcon-3's mu_t squarings in one Triton kernel (triton/eig.py): rows 23-29 of `bench check --variants 3`
 #              (the public op, decode, varlen-native: the rows whose prep runs it) with FALCON_TRITON_UNPROVEN=1, then
 #              `bench kernels --quick --ops falcon-3` with the PyTorch squarings (FALCON_TRITON_PREP=torch) and with it;
@@ -54,6 +55,9 @@
 set -u
 W=${PROVE_WORK:-/tmp/prove}; mkdir -p "$W"
 DL=${PROVE_DEADLINE_S:-480}
+# The device tool stops a command at 600 s, set-up (device_env.sh, ~20 s) and packing included, and then nothing comes
+# back: on 2026-12-03 a deadline of 545 (+30 s of grace for the last step) lost a whole call's results. Capped here.
+if [ "$DL" -gt 515 ]; then echo "PROVE_DEADLINE_S=$DL capped at 515 (the device tool's 600 s)" >&2; DL=515; fi
 STEPS=${STEPS:-"f2 f2_warps4 banded"}
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -138,17 +142,19 @@ cstep eig_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench che
 # candidate pair, and the failing reverse pass at other warps / value tiles, compute-sanitizer on what fails);
 # warm_bg: the warm step's compiles in the background beside the checks
 cstep f2iso 330 bash experiments/h200/f2_isolate.sh "$W/f2iso"
-# rowsum: chunk.py's _bwd_main with FALCON_TRITON_BWD_MAIN=rowsum (the gate gradients' row sums from its dq, dx
-# accumulators: 3 of the value loop's 9 dots gone, q and x loaded after it): the whole sweeps of 1 and 1A, the quick
-# rows of 3 and of 3A's W scans (which run chunk.py), then `bench kernels` of falcon-1, -1A, -3A-scans and fla with
-# "dots" (the proven kernel) and "rowsum", one process each; all pass and faster -> "rowsum" the default
-want rowsum && STEPS="$STEPS rowsum_1 rowsum_1A rowsum_3 rowsum_time"
+# bwdmain: chunk.py's backward with FALCON_TRITON_BWD_MAIN=$BWD_MAIN_TRY (default "split": _bwd_main as three
+# kernels, _bwd_cc, _bwd_dqdx, _bwd_gate, opt-in since 2026-12-03; "rowsum" was proven this way on 2026-12-03 at
+# 5e0a3b1 as steps rowsum_*): the whole sweeps of 1 and 1A, the quick rows of 3 and of 3A's W scans (which run
+# chunk.py), then `bench kernels` of falcon-1, -1A, -3A-scans and fla with the default ("rowsum") and with it, one
+# process each; all pass and faster -> the default
+TRY=${BWD_MAIN_TRY:-split}
+want bwdmain && STEPS="$STEPS bwdmain_1 bwdmain_1A bwdmain_3 bwdmain_time"
 for v in 1 1A; do
-  cstep "rowsum_$v" 330 env FALCON_TRITON_BWD_MAIN=rowsum python3 -m falcon_lab.bench check --variants "$v" \
-    --out "$W/check_rowsum_$v"
+  cstep "bwdmain_$v" 330 env FALCON_TRITON_BWD_MAIN=$TRY python3 -m falcon_lab.bench check --variants "$v" \
+    --out "$W/check_bwdmain_${TRY}_$v"
 done
-cstep rowsum_3 330 env FALCON_TRITON_BWD_MAIN=rowsum FALCON_TRITON_3A=scans python3 -m falcon_lab.bench check --quick \
-  --variants 3,3A --out "$W/check_rowsum_3"
+cstep bwdmain_3 330 env FALCON_TRITON_BWD_MAIN=$TRY FALCON_TRITON_3A=scans python3 -m falcon_lab.bench check \
+  --quick --variants 3,3A --out "$W/check_bwdmain_${TRY}_3"
 warm_cmd() {
   python3 -c 'from falcon_lab.benchmarking.kernels import OPS, SHAPES
 for o in OPS:
@@ -169,8 +175,8 @@ step f3prep_time 150 bash -c "python3 -m falcon_lab.bench kernels --quick --ops 
 step f2solve_time 300 bash -c "for m in \${F2_MODES:-rows:exact fwd:blocked}; do FALCON_TRITON_2_SOLVE=\${m%:*} \
   FALCON_TRITON_2_BWD_SOLVE=\${m#*:} python3 -m falcon_lab.bench kernels --ops \${F2_OPS:-falcon-1,falcon-2} \
   --out $W/kernels_f2solve_\${m%:*}_\${m#*:}; done"
-step rowsum_time 240 bash -c "for m in dots rowsum; do FALCON_TRITON_BWD_MAIN=\$m TRITON_CACHE_AUTOTUNING=1 \
-  TRITON_CACHE_DIR=$PWD/.tcache python3 -m falcon_lab.bench kernels --ops \${ROWSUM_OPS:-falcon-1,falcon-1A,\
+step bwdmain_time 240 bash -c "for m in rowsum $TRY; do FALCON_TRITON_BWD_MAIN=\$m TRITON_CACHE_AUTOTUNING=1 \
+  TRITON_CACHE_DIR=$PWD/.tcache python3 -m falcon_lab.bench kernels --ops \${BWD_MAIN_OPS:-falcon-1,falcon-1A,\
 falcon-3A-scans,fla_chunk_delta_rule} --out $W/kernels_bwdmain_\$m; done"
 # warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared .tcache (on
 # a fresh machine the full run alone spent its 440 s mostly compiling, fla's kernels above all: 2026-12-03 call 2)

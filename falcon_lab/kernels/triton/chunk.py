@@ -21,7 +21,10 @@ Every exponent is <= 0 (clamped with min(., 0) against rounding). Kernels:
               _fwd_out   (per chunk: outputs)
     backward: _bwd_dul   (per chunk: dU = Pᵀ dO, the intra-chunk part)
               _bwd_state (reverse sequential: state gradients at chunk ends, full dU, dS0)
-              _bwd_main  (per chunk: dq, dx, dv, dη, dg)
+              _bwd_main  (per chunk: dq, dx, dv, dη, dg), or with FALCON_TRITON_BWD_MAIN=split (ours):
+              _bwd_cc    (per chunk: dv, dη, M and Gm, the [C, C] gate terms)
+              _bwd_dqdx  (per key tile and chunk: dq, dx, the gate row sums of the tile)
+              _bwd_gate  (per chunk: dg)
 
 All accumulation is fp32; dot operands are in the input dtype (bf16/fp16 -> tensor cores; fp32 ->
 full-precision "ieee" dots unless tf32 is asked for). States and the backward's dU are kept in fp32;
@@ -46,10 +49,12 @@ from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _s
 # 5e0a3b1) every row of `bench check` for Falcon-1 and -1A (29 + 29), Falcon-3's quick core rows (10) and every row of
 # Falcon-3A's W scans (29, FALCON_TRITON_3A=scans) passed with "rowsum"; Falcon-1's core fwd+bwd 1.84 -> 1.72,
 # 2.99 -> 2.64, 2.00 -> 1.89, 1.76 -> 1.36 ms at the four benchmark shapes, _bwd_main 0.99 -> 0.85 ms at
-# (16, 2048, 12, 64) (benchmarks/results/h200_logs/kernels_2026-12-03c/).
+# (16, 2048, 12, 64) (benchmarks/results/h200_logs/kernels_2026-12-03c/). "split" (opt-in, ours, not yet run on a GPU)
+# replaces _bwd_main by _bwd_cc, _bwd_dqdx and _bwd_gate (below: the same math, at most three fp32 accumulators live
+# in each value loop, 4 warps, fla-style), aimed at _bwd_main's 255 registers and one 8-warp block per SM.
 BWD_MAIN = os.environ.get("FALCON_TRITON_BWD_MAIN", "rowsum")
-if BWD_MAIN not in ("rowsum", "dots"):
-    raise ValueError(f"FALCON_TRITON_BWD_MAIN must be 'rowsum' or 'dots', got {BWD_MAIN!r}")
+if BWD_MAIN not in ("rowsum", "dots", "split"):
+    raise ValueError(f"FALCON_TRITON_BWD_MAIN must be 'rowsum', 'dots' or 'split', got {BWD_MAIN!r}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -649,6 +654,292 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
 
 
 # ------------------------------------------------------------------------------------------------
+# backward, split (FALCON_TRITON_BWD_MAIN=split, ours): _bwd_main's work in three kernels, each with at most three
+# fp32 accumulators live in its value loop (fla's chunk_bwd_kernel_dqkwg keeps <= 4 at 4 warps):
+#   _bwd_cc   (chunks x B·H): the [C, C] adjoints DOU = dO Uᵀ and (delta) dL = -dY Rᵀ over the value blocks, with
+#             dY = Aᵀ(η dU) -> dv and dη; after the loop q·xᵀ, x·xᵀ (all of K) give the gate terms Z, Ψ, their row /
+#             column sums, and M = DOU ⊙ Er, Gm = dL ⊙ Eb η (input dtype, exactly the operands _bwd_main casts) to
+#             scratch [B, T, H, C]
+#   _bwd_dqdx (K tiles x chunks x B·H): dO Sᵀ, U dHᵀ, dY Sᵀ for its key tile over the value blocks (dY read back from
+#             dv: the same rows, in the input dtype, that _bwd_main feeds its dot), then dq and dx with M and Gm, and
+#             the row sums q·(dO Sᵀ), x·(U dHᵀ), x·(dY Sᵀ) and Σ dH ⊙ S of its tile to scratch [B, T, H, NKt, 4]
+#   _bwd_gate (chunks x B·H): the tiles' sums with _bwd_cc's vectors -> dg (the same reverse cumsum and _gseg)
+# The math is _bwd_main's (rowsum form); only fp32 summation orders differ.
+# ------------------------------------------------------------------------------------------------
+def _split_cfg(K: int, V: int):
+    """The split kernels' tiles and warps (ours): key tiles of 64 (all of K if smaller), value blocks of 32, 4 warps.
+    Offline sm_90a builds (Triton 3.6 + its ptxas, bf16, C = 64, default 3 stages, arguments 16-aligned as on the GPU;
+    2026-12-03): at K = V = 128 _bwd_cc 240 registers / 48 KB shared / no spill, _bwd_dqdx 227 / 72 KB / none (value
+    blocks of 64: 255 registers, 88 and 12 bytes spilled, 88 and 144 KB), against _bwd_main's 255 / 120 KB / 100 bytes
+    at 8 warps; at K = V = 64 244 and 219 registers, no spill (_bwd_main 255, 340 bytes). Not yet timed on a GPU."""
+    BK = _np2(K)
+    return min(64, BK), min(32, _np2(V)), 4
+
+
+@triton.jit
+def _bwd_rows(b, h, n, i, T, XT, XOFF, H: tl.constexpr, C: tl.constexpr, GROUP: tl.constexpr,
+              GATHER: tl.constexpr):
+    """_rows_w plus dxtok, the rows of the pair gradients: per pseudo-token rows (tok) with GATHER (the launcher sums
+    each pair's W rows), the pair rows (xtok) otherwise."""
+    rows, rmask, tok, xtok, stok, gmask = _rows_w(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
+    if GATHER:
+        dxtok = tok
+    else:
+        dxtok = xtok
+    return rmask, tok, xtok, stok, gmask, dxtok
+
+
+@triton.jit
+def _bwd_gates(G, stok, gmask, i, GROUP: tl.constexpr, READ_AFTER: tl.constexpr):
+    """The chunk's log-prefixes as _bwd_main forms them: (u, u_C, ub, ur, e^{min(u_C - u, 0)})."""
+    g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
+    u = tl.cumsum(g, 0)
+    uC = tl.sum(g, 0)
+    ub = u - _gfirst(g, i, GROUP)
+    if READ_AFTER:
+        ur = u
+    else:
+        ur = ub
+    eC = tl.exp(tl.minimum(uC - u, 0.))
+    return u, uC, ub, ur, eC
+
+
+@triton.jit
+def _bwd_cc(Q, X, VV, R, ETA, G, A, DO, DU, DV, DETA, MM, GM, VEC, T, XT, XOFF,
+            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+            BV: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
+            GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+    """Per chunk: DOU, dL (value loop), dv, dη; M, Gm to scratch; the gate vectors (d_ur, d_ub, d_u) of the [C, C]
+    terms to VEC [B, T, H, 3] (fp32)."""
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    if VARLEN:
+        s_, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        xb = bos + s_ * XT  # the pair stream: each sequence's XT carried rows (W - 1), then its pairs
+        Q += bos * H * K
+        X += xb * H * K
+        VV += xb * H * V
+        R += bos * H * V
+        ETA += bos * H
+        G += bos * H
+        A += bos * H * C
+        DO += bos * H * V
+        DU += bos * H * V
+        DV += xb * H * V
+        DETA += bos * H
+        MM += bos * H * C
+        GM += bos * H * C
+        VEC += bos * H * 3
+    i = tl.arange(0, C)
+    rmask, tok, xtok, stok, gmask, dxtok = _bwd_rows(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
+    dt = Q.dtype.element_ty
+    eta = tl.load(ETA + stok, mask=rmask, other=0.).to(tl.float32)
+    u, uC, ub, ur, eC = _bwd_gates(G, stok, gmask, i, GROUP, READ_AFTER)
+    if DELTA:
+        Ai = tl.load(A + tok[:, None] * C + i[None, :], mask=rmask[:, None], other=0.)
+        AiT = tl.trans(Ai).to(dt)
+    DOU = tl.zeros([C, C], dtype=tl.float32)
+    dL = tl.zeros([C, C], dtype=tl.float32)
+    d_eta = tl.zeros([C], dtype=tl.float32)
+    for vb in range(0, tl.cdiv(V, BV)):
+        cv = vb * BV + tl.arange(0, BV)
+        vmask = cv < V
+        vm = rmask[:, None] & vmask[None, :]
+        if GATHER:
+            do = tl.load(DO + stok[:, None] * V + cv[None, :], mask=gmask[:, None] & vmask[None, :], other=0.).to(dt)
+        else:
+            do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
+        dU = tl.load(DU + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
+        if DELTA:
+            rr = tl.load(R + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        else:
+            rr = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        Ud = (rr * eta[:, None]).to(dt)
+        DOU += tl.dot(do, tl.trans(Ud), input_precision=PREC)
+        d_eta += tl.sum(dU * rr, 1)
+        if DELTA:
+            dR = (dU * eta[:, None]).to(dt)
+            dY = tl.dot(AiT, dR, input_precision=PREC)
+            tl.store(DV + dxtok[:, None] * V + cv[None, :], dY.to(DV.dtype.element_ty), mask=vm)
+            dL -= tl.dot(dY.to(dt), tl.trans(rr.to(dt)), input_precision=PREC)
+        else:
+            tl.store(DV + dxtok[:, None] * V + cv[None, :], (dU * eta[:, None]).to(DV.dtype.element_ty), mask=vm)
+    # after the loop (ours): the [C, C] masks and tiles below are not live in it
+    if READ_AFTER:
+        causal = (i // GROUP)[:, None] >= (i // GROUP)[None, :]
+    else:
+        causal = (i // GROUP)[:, None] > (i // GROUP)[None, :]
+    strict = (i // GROUP)[:, None] > (i // GROUP)[None, :]
+    ck = tl.arange(0, BK)
+    km = rmask[:, None] & (ck < K)[None, :]
+    q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
+    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+    qx = tl.dot(q, tl.trans(x), input_precision=PREC)
+    Er = tl.where(causal, tl.exp(tl.minimum(ur[:, None] - u[None, :], 0.)), 0.)
+    Z = qx * Er * DOU
+    d_ur = tl.sum(Z, 1)
+    d_u = -tl.sum(Z, 0)
+    d_ub = tl.zeros([C], dtype=tl.float32)
+    tl.store(MM + tok[:, None] * C + i[None, :], (DOU * Er).to(dt), mask=rmask[:, None])
+    if DELTA:
+        dL = tl.where(strict, dL, 0.)
+        gram = tl.dot(x, tl.trans(x), input_precision=PREC)
+        Eb = tl.where(strict, tl.exp(tl.minimum(ub[:, None] - u[None, :], 0.)), 0.)
+        tl.store(GM + tok[:, None] * C + i[None, :], (dL * Eb * eta[None, :]).to(dt), mask=rmask[:, None])
+        Psi = dL * gram * Eb
+        d_eta += tl.sum(Psi, 0)
+        PsiE = Psi * eta[None, :]
+        d_ub += tl.sum(PsiE, 1)
+        d_u -= tl.sum(PsiE, 0)
+    tl.store(DETA + tok, d_eta, mask=rmask)
+    tl.store(VEC + tok * 3, d_ur, mask=rmask)
+    tl.store(VEC + tok * 3 + 1, d_ub, mask=rmask)
+    tl.store(VEC + tok * 3 + 2, d_u, mask=rmask)
+
+
+@triton.jit
+def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT, XOFF, NT,
+              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+              BV: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
+              GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+    """Key tile kt (BK columns) of a chunk: dq, dx from the value loop's dO Sᵀ, U dHᵀ, dY Sᵀ and _bwd_cc's M, Gm;
+    the gate row sums of the tile to PART [B, T, H, NKt, 4] (q·dO Sᵀ, x·U dHᵀ, x·dY Sᵀ, Σ dH ⊙ S on the first row)."""
+    kt = tl.program_id(0)
+    n = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    NKT: tl.constexpr = (K + BK - 1) // BK
+    if VARLEN:
+        s_, n, bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
+        xb = bos + s_ * XT  # the pair stream: each sequence's XT carried rows (W - 1), then its pairs
+        Q += bos * H * K
+        X += xb * H * K
+        VV += xb * H * V
+        R += bos * H * V
+        ETA += bos * H
+        G += bos * H
+        DO += bos * H * V
+        DV += xb * H * V
+        MM += bos * H * C
+        GM += bos * H * C
+        DQ += bos * H * K
+        DX += xb * H * K
+        PART += bos * H * NKT * 4
+        HS += coff * K * V
+        DHS += coff * K * V
+    i = tl.arange(0, C)
+    rmask, tok, xtok, stok, gmask, dxtok = _bwd_rows(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
+    dt = Q.dtype.element_ty
+    eta = tl.load(ETA + stok, mask=rmask, other=0.).to(tl.float32)
+    u, uC, ub, ur, eC = _bwd_gates(G, stok, gmask, i, GROUP, READ_AFTER)
+    ck = kt * BK + tl.arange(0, BK)
+    kmask = ck < K
+    km = rmask[:, None] & kmask[None, :]
+    dq = tl.zeros([C, BK], dtype=tl.float32)
+    dxs = tl.zeros([C, BK], dtype=tl.float32)
+    dxy = tl.zeros([C, BK], dtype=tl.float32)
+    sdh = tl.sum(tl.zeros([C], dtype=tl.float32), 0)
+    hbase = (bh.to(tl.int64) * NT + n) * K * V
+    for vb in range(0, tl.cdiv(V, BV)):
+        cv = vb * BV + tl.arange(0, BV)
+        vmask = cv < V
+        vm = rmask[:, None] & vmask[None, :]
+        smask = kmask[:, None] & vmask[None, :]
+        soff = ck[:, None] * V + cv[None, :]
+        S = tl.load(HS + hbase + soff, mask=smask, other=0.)
+        dH = tl.load(DHS + hbase + soff, mask=smask, other=0.)
+        Sd = S.to(dt)
+        if GATHER:
+            do = tl.load(DO + stok[:, None] * V + cv[None, :], mask=gmask[:, None] & vmask[None, :], other=0.).to(dt)
+        else:
+            do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
+        if DELTA:
+            rr = tl.load(R + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        else:
+            rr = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        Ud = (rr * eta[:, None]).to(dt)
+        dq += tl.dot(do, tl.trans(Sd), input_precision=PREC)
+        sdh += tl.sum(tl.sum(dH * S, 1), 0)
+        dxs += tl.dot(Ud, tl.trans(dH.to(dt)), input_precision=PREC)
+        if DELTA:  # dY as _bwd_cc stored it (dv's rows of this chunk), in the input dtype as _bwd_main's dot has it
+            dYd = tl.load(DV + dxtok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
+            dxy += tl.dot(dYd, tl.trans(Sd), input_precision=PREC)
+    q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
+    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+    pbase = PART + tok * (NKT * 4) + kt * 4
+    tl.store(pbase, tl.sum(q.to(tl.float32) * dq, 1), mask=rmask)
+    tl.store(pbase + 1, tl.sum(x.to(tl.float32) * dxs, 1), mask=rmask)
+    tl.store(pbase + 2, tl.sum(x.to(tl.float32) * dxy, 1), mask=rmask)
+    tl.store(pbase + 3, tl.where(i == 0, sdh, 0.), mask=rmask)
+    M = tl.load(MM + tok[:, None] * C + i[None, :], mask=rmask[:, None], other=0.)
+    dq = dq * tl.exp(ur)[:, None] + tl.dot(M, x, input_precision=PREC)
+    dx = dxs * eC[:, None]
+    # Mᵀq and Gmᵀx are formed as (qᵀM)ᵀ, (xᵀGm)ᵀ: a [C, C] dot result is never transposed and fed
+    # to another dot (the Hopper miscompile of Triton 3.4-3.7.0, fla #640).
+    dxT = tl.dot(tl.trans(q), M, input_precision=PREC)
+    if DELTA:
+        Gm = tl.load(GM + tok[:, None] * C + i[None, :], mask=rmask[:, None], other=0.)
+        dx += tl.dot(Gm, x, input_precision=PREC)
+        dxT += tl.dot(tl.trans(x), Gm, input_precision=PREC)
+        dx -= dxy * tl.exp(ub)[:, None]
+    dx += tl.trans(dxT)
+    tl.store(DQ + tok[:, None] * K + ck[None, :], dq.to(DQ.dtype.element_ty), mask=km)
+    tl.store(DX + dxtok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
+
+
+@triton.jit
+def _bwd_gate(G, VEC, PART, DG, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr,
+              BK: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, GROUP: tl.constexpr,
+              GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+    """Per chunk: dg from _bwd_cc's vectors and _bwd_dqdx's key-tile row sums, as _bwd_main forms it."""
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    NKT: tl.constexpr = (K + BK - 1) // BK
+    if VARLEN:
+        s_, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        G += bos * H
+        VEC += bos * H * 3
+        PART += bos * H * NKT * 4
+        DG += bos * H
+    i = tl.arange(0, C)
+    rmask, tok, xtok, stok, gmask, dxtok = _bwd_rows(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
+    u, uC, ub, ur, eC = _bwd_gates(G, stok, gmask, i, GROUP, READ_AFTER)
+    d_ur = tl.load(VEC + tok * 3, mask=rmask, other=0.)
+    d_ub = tl.load(VEC + tok * 3 + 1, mask=rmask, other=0.)
+    d_u = tl.load(VEC + tok * 3 + 2, mask=rmask, other=0.)
+    pq = tl.zeros([C], dtype=tl.float32)
+    px = tl.zeros([C], dtype=tl.float32)
+    py = tl.zeros([C], dtype=tl.float32)
+    sdh = tl.zeros([C], dtype=tl.float32)
+    for kt in tl.static_range(NKT):
+        pbase = PART + tok * (NKT * 4) + kt * 4
+        pq += tl.load(pbase, mask=rmask, other=0.)
+        px += tl.load(pbase + 1, mask=rmask, other=0.)
+        py += tl.load(pbase + 2, mask=rmask, other=0.)
+        sdh += tl.load(pbase + 3, mask=rmask, other=0.)
+    d_ur += tl.exp(ur) * pq
+    Y = eC * px
+    duC = tl.sum(sdh, 0) * tl.exp(uC) + tl.sum(Y, 0)
+    d_u -= Y
+    if DELTA:
+        d_ub -= tl.exp(ub) * py
+    d_u += d_ur + d_ub
+    d_u += tl.where(i == C - 1, duC, 0.)
+    dg = tl.cumsum(d_u, 0, reverse=True) - _gseg(d_ub, i, GROUP)
+    if not READ_AFTER:
+        dg -= _gseg(d_ur, i, GROUP)
+    if GATHER:  # log γ lives on the first pseudo-token of each step
+        tl.store(DG + stok, dg, mask=gmask)
+    else:
+        tl.store(DG + tok, dg, mask=rmask)
+
+
+# ------------------------------------------------------------------------------------------------
 # launchers and the autograd function
 # ------------------------------------------------------------------------------------------------
 def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf32=False,
@@ -722,9 +1013,23 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
             dv = torch.zeros(v.shape, dtype=v.dtype, device=dev)
         deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
-    _bwd_main[(NT, B * H)](q, x, v, R, eta, g, A, HS, DHS, dO, DU, dq, dx, dv, deta, dg, T, XT, xoff,
-                           NT, H, K, V, C, BK, BVm, delta, read_after, prec, group, gather, *va, BWD_MAIN == "rowsum",
-                           num_warps=wm, **st)
+    if BWD_MAIN == "split":  # _bwd_main in three kernels (ours, see BWD_MAIN); scratch in the kernels' rows (tok)
+        BKt, BVt, wt = _split_cfg(K, V)
+        MM = _empty((B, T, H, C), q.dtype, dev)  # M = DOU ⊙ Er
+        GM = _empty((B, T, H, C), q.dtype, dev) if delta else MM  # Gm = dL ⊙ Eb η
+        VEC = _empty((B, T, H, 3), f32, dev)  # d_ur, d_ub, d_u of the [C, C] terms
+        PART = _empty((B, T, H, cdiv(K, BKt), 4), f32, dev)  # the key tiles' row sums
+        _bwd_cc[(NT, B * H)](q, x, v, R, eta, g, A, dO, DU, dv, deta, MM, GM, VEC, T, XT, xoff, H, K, V, C, BK, BVt,
+                             delta, read_after, prec, group, gather, *va, num_warps=wt, **st)
+        _bwd_dqdx[(cdiv(K, BKt), NT, B * H)](q, x, v, R, eta, g, HS, DHS, dO, dv, MM, GM, dq, dx, PART, T, XT, xoff,
+                                             NT, H, K, V, C, BKt, BVt, delta, read_after, prec, group, gather, *va,
+                                             num_warps=wt, **st)
+        _bwd_gate[(NT, B * H)](g, VEC, PART, dg, T, XT, xoff, H, K, C, BKt, delta, read_after, group, gather, *va,
+                               num_warps=2)
+    else:
+        _bwd_main[(NT, B * H)](q, x, v, R, eta, g, A, HS, DHS, dO, DU, dq, dx, dv, deta, dg, T, XT, xoff,
+                               NT, H, K, V, C, BK, BVm, delta, read_after, prec, group, gather, *va,
+                               BWD_MAIN == "rowsum", num_warps=wm, **st)
     if gather:
         W = group
         dq = dq.view(B, Ts, W, H, K).sum(2)
