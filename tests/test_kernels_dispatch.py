@@ -1,6 +1,8 @@
 """One encoding of a variant (FalconSpec) and one dispatch decision (dispatch.select), used by the op
 and by the mixers' "which backend ran" label; fla's names for the op's three entry points."""
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -190,3 +192,19 @@ def test_state_pass_value_tile_switch(monkeypatch):
     monkeypatch.setattr(common, "STATE_BV", "24")
     with pytest.raises(ValueError, match="FALCON_TRITON_STATE_BV"):
         common.state_bv(32, 128, 6, torch.bfloat16)
+
+
+def test_state_pass_pipeline_stages_switch(monkeypatch):
+    """FALCON_TRITON_STATE_STAGES: empty (the default) keeps the call's compile options; 1-4 sets num_stages of the
+    state passes for 16-bit calls, never for fp32 (its 1 stage); anything else fails at import, naming the variable."""
+    from falcon_lab.kernels.triton import common
+
+    if "FALCON_TRITON_STATE_STAGES" not in os.environ:
+        assert common.STATE_STAGES == "" and common.state_stages({}) == {}
+    monkeypatch.setattr(common, "STATE_STAGES", "4")
+    assert common.state_stages({}) == {"num_stages": 4}
+    assert common.state_stages(common._stages(torch.float32)) == {"num_stages": 1}
+    code = "import falcon_lab.kernels.triton.common"
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, FALCON_TRITON_STATE_STAGES="5"),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "FALCON_TRITON_STATE_STAGES must be empty or 1-4, got '5'" in out.stderr

@@ -37,6 +37,7 @@
 #              for each SOLVE:BWD_SOLVE pair of F2_MODES (default "rows:exact fwd:blocked"), one process each;
 #   f2iso      experiments/h200/f2_isolate.sh: the blocked ways one at a time on Falcon-2's rows that failed;
 #   f3gather_rest  rows 24-29 of Falcon-3-gather's sweep;
+#   stages     chunk.py's state passes at FALCON_TRITON_STATE_STAGES=$STAGES_TRY (default 4): quick rows, then timings;
 #   bwdmain    chunk.py's backward with FALCON_TRITON_BWD_MAIN=$BWD_MAIN_TRY (default split): sweeps, then timings
 #              against the default (rowsum, proven this way on 2026-12-03 as steps rowsum_*);
 #   eig        Falcon-3's mu_t squarings in one Triton kernel (triton/eig.py): rows 23-29 of `bench check --variants 3`
@@ -155,6 +156,12 @@ for v in 1 1A; do
 done
 cstep bwdmain_3 330 env FALCON_TRITON_BWD_MAIN=$TRY FALCON_TRITON_3A=scans python3 -m falcon_lab.bench check \
   --quick --variants 3,3A --out "$W/check_bwdmain_${TRY}_3"
+# stages: chunk.py's state passes at FALCON_TRITON_STATE_STAGES=$STAGES_TRY (default 4; "" is Triton's 3 for 16-bit):
+# quick rows of 1 and 1A with it, then falcon-1, -1A and fla timed with the default and with it (one process each)
+SGT=${STAGES_TRY:-4}
+want stages && STEPS="$STEPS stages_check stages_time"
+cstep stages_check 300 env FALCON_TRITON_STATE_STAGES=$SGT python3 -m falcon_lab.bench check --quick --variants 1,1A \
+  --out "$W/check_stages_$SGT"
 warm_cmd() {
   python3 -c 'from falcon_lab.benchmarking.kernels import OPS, SHAPES
 for o in OPS:
@@ -178,6 +185,9 @@ step f2solve_time 300 bash -c "for m in \${F2_MODES:-rows:exact fwd:blocked}; do
 step bwdmain_time 240 bash -c "for m in rowsum $TRY; do FALCON_TRITON_BWD_MAIN=\$m TRITON_CACHE_AUTOTUNING=1 \
   TRITON_CACHE_DIR=$PWD/.tcache python3 -m falcon_lab.bench kernels --ops \${BWD_MAIN_OPS:-falcon-1,falcon-1A,\
 falcon-3A-scans,fla_chunk_delta_rule} --out $W/kernels_bwdmain_\$m; done"
+step stages_time 240 bash -c "for m in default $SGT; do FALCON_TRITON_STATE_STAGES=\$([ \$m = default ] || echo \$m) \
+  TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=$PWD/.tcache python3 -m falcon_lab.bench kernels --ops \
+  falcon-1,falcon-1A,fla_chunk_delta_rule --out $W/kernels_stages_\$m; done"
 # warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared .tcache (on
 # a fresh machine the full run alone spent its 440 s mostly compiling, fla's kernels above all: 2026-12-03 call 2)
 step warm 240 bash -c warm_cmd

@@ -40,7 +40,8 @@ import triton
 import triton.language as tl
 
 from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _state_init,  # noqa: F401
-                     _state_put, _state_tile, _varlen_chunk, _varlen_seq, cdiv, launch, state_bv, varlen_args)
+                     _state_put, _state_tile, _varlen_chunk, _varlen_seq, cdiv, launch, state_bv,
+                     state_stages, varlen_args)
 
 # _bwd_main's three gate-gradient row sums (ours): "rowsum" (the default) takes them from the dq, dx accumulators
 # after the value loop, Σ_v dO_iv (q_i S)_v = q_i · (dO_i Sᵀ) and likewise x_i · (U_i dHᵀ), x_i · (dY_i Sᵀ), so the
@@ -971,7 +972,7 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
     ST = _empty((NS, H, K, V), f32, dev)
     _fwd_state[(cdiv(V, BVs), NS * H)](
         x, v, eta, g, WT, VT, S0 if S0 is not None else eta, HS, R, ST, T, XT, xoff, NT, H, K, V, C,
-        BK, BVs, delta, S0 is not None, True, prec, group, gather, *va, **st)
+        BK, BVs, delta, S0 is not None, True, prec, group, gather, *va, **state_stages(st))
     O = _empty((B, Ts, H, V), out_dtype or q.dtype, dev)
     _fwd_out[(cdiv(V, BVo), NT, B * H)](
         q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, group, gather,
@@ -997,7 +998,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     _bwd_state[(cdiv(V, BVs), NS * H)](
         q, x, eta, g, WT, dO, DU, dST if dST is not None else eta, DHS,
         DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BK, BVs, delta, read_after,
-        dST is not None, need_ds0, prec, group, gather, *va, **st)
+        dST is not None, need_ds0, prec, group, gather, *va, **state_stages(st))
     if gather:  # per-pseudo-token gradients of q, x, v, eta (as the expansion's autograd has them), summed below;
         dq = _empty((B, T, H, K), q.dtype, dev)  # log γ's lands per step
         dx = _empty((B, T, H, K), x.dtype, dev)
