@@ -49,6 +49,21 @@ CASES.append(_c("F3A-banded-W3-C64-T65", delta=False, W=3, C=64, T=65, B=1, H=1,
 CASES.append(_c("F3A-banded-W2-fp16", delta=False, W=2, dtype="float16", seed=26, fused=True))
 CASES.append(_c("F3A-banded-K16-V80-two-value-blocks", delta=False, W=4, T=40, B=1, H=1, K=16, V=80, seed=31,
                 fused=True))
+# the banded scan's backward with the read-out row sum off the dq accumulator (FALCON_TRITON_3A_BWD=rowsum, opt-in,
+# ours): both read orders, W = 2/3/4/8/16, fp16, C = 16/32/64, K = 16/48, V = 16/32/80 (two value blocks)
+WL_ROWSUM = [("W3-after", dict(W=3)), ("W4-before-C32", dict(W=4, after=False, C=32, T=45)), (
+    "W8-C64-K48-V80-strong-decay", dict(W=8, C=64, T=70, B=1, H=1, K=48, V=80, strong=True)), (
+    "W16-C32-K48-V16-no-S0-no-dST", dict(W=16, C=32, T=40, B=1, H=1, K=48, V=16, s0=False, no_dst=True)), (
+    "W2-before-fp16", dict(W=2, after=False, dtype="float16")), ("W4-before-C64-K16-V80", dict(
+    W=4, after=False, C=64, T=65, B=1, H=1, K=16, V=80))]
+CASES += [_c(f"F3A-banded-rowsum-{n}", delta=False, seed=130 + i, fused=True, wl_bwd="rowsum", **kw)
+          for i, (n, kw) in enumerate(WL_ROWSUM)]
+# ... and its value block set apart from the forward's (FALCON_TRITON_3A_BWD_BV, opt-in, ours): several blocks, a
+# masked rest
+CASES.append(_c("F3A-banded-rowsum-bv16-W4-K48-V80", delta=False, W=4, T=40, B=1, H=1, K=48, V=80, seed=140,
+                fused=True, wl_bwd="rowsum", wl_bwd_bv="16"))
+CASES.append(_c("F3A-banded-dots-bv32-W3-before-C64-K16-V80", delta=False, W=3, after=False, C=64, T=65, B=1, H=1,
+                K=16, V=80, seed=141, fused=True, wl_bwd="dots", wl_bwd_bv="32"))
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10))
 CASES.append(_c("F3-W4-C64-strong-decay-no-dST", delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True,
@@ -301,6 +316,27 @@ def test_bwd_main_row_sums_from_the_accumulators_are_the_default():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     want = "FALCON_TRITON_BWD_MAIN must be 'rowsum', 'dots' or 'split', got 'row'"
     assert out.returncode != 0 and want in out.stderr
+
+
+def test_banded_3a_bwd_row_sum_in_the_loop_is_the_default():
+    """The banded Falcon-3A backward keeps its in-loop q·S dots (the kernel proven on the H200) unless
+    FALCON_TRITON_3A_BWD=rowsum asks for the read-out row sum from the dq accumulator (opt-in, interpreter-tested
+    above), its value block is the forward's unless FALCON_TRITON_3A_BWD_BV is set, and a typo in either is refused
+    at import, naming the variable."""
+    import falcon_lab.kernels.triton.window_linear as wl
+
+    if "FALCON_TRITON_3A_BWD" not in os.environ:
+        assert wl.WL_BWD == "dots"
+    code = "import falcon_lab.kernels.triton.window_linear"
+    env = dict(os.environ, FALCON_TRITON_3A_BWD="row")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    want = "FALCON_TRITON_3A_BWD must be 'dots' or 'rowsum', got 'row'"
+    assert out.returncode != 0 and want in out.stderr
+    if "FALCON_TRITON_3A_BWD_BV" not in os.environ:
+        assert wl.WL_BWD_BV == ""
+    env = dict(os.environ, FALCON_TRITON_3A_BWD_BV="48")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "FALCON_TRITON_3A_BWD_BV must be 16, 32, 64 or 128, got '48'" in out.stderr
 
 
 def test_falcon2_blocked_solve_switches_refuse_typos():

@@ -162,10 +162,13 @@ if __name__ == "__main__":
     import falcon_lab.kernels.triton.common as kcommon
     import falcon_lab.kernels.triton.percol as kpercol
     import falcon_lab.kernels.triton.percol_delta as kpdelta
+    import falcon_lab.kernels.triton.window_linear as kwl
 
     cases = json.loads(sys.argv[1])
     default_3a = kt._FALCON_3A
     default_bwd_main = kchunk.BWD_MAIN
+    default_wl_bwd = kwl.WL_BWD
+    default_wl_bwd_bv = kwl.WL_BWD_BV
     for c in cases:
         # what FALCON_TRITON_3A=banded / =scans sets; neither: the default (banded since 2026-12-03) or the env's
         kt._FALCON_3A = "banded" if c.get("banded") else "scans" if c.get("scans") else default_3a
@@ -174,6 +177,8 @@ if __name__ == "__main__":
         kpdelta.BWD_SOLVE = c.get("bwd_solve", "exact")  # what FALCON_TRITON_2_BWD_SOLVE=blocked sets
         kcommon.STATE_BV = c.get("state_bv", "off")  # what FALCON_TRITON_STATE_BV sets
         kchunk.BWD_MAIN = c.get("bwd_main", default_bwd_main)  # what FALCON_TRITON_BWD_MAIN sets
+        kwl.WL_BWD = c.get("wl_bwd", default_wl_bwd)  # what FALCON_TRITON_3A_BWD sets
+        kwl.WL_BWD_BV = c.get("wl_bwd_bv", default_wl_bwd_bv)  # what FALCON_TRITON_3A_BWD_BV sets
         try:
             if c.get("recompute"):
                 res = recompute_case(c)

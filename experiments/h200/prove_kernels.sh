@@ -37,6 +37,7 @@
 #              for each SOLVE:BWD_SOLVE pair of F2_MODES (default "rows:exact fwd:blocked"), one process each;
 #   f2iso      experiments/h200/f2_isolate.sh: the blocked ways one at a time on Falcon-2's rows that failed;
 #   f3gather_rest  rows 24-29 of Falcon-3-gather's sweep;
+#   wl3a       the banded 3A's _wl_bwd_main with FALCON_TRITON_3A_BWD=rowsum (and _BV=32): checks, then timings;
 #   stages     chunk.py's state passes at FALCON_TRITON_STATE_STAGES=$STAGES_TRY (default 4): quick rows, then timings;
 #   bwdmain    chunk.py's backward with FALCON_TRITON_BWD_MAIN=$BWD_MAIN_TRY (default split): sweeps, then timings
 #              against the default (rowsum, proven this way on 2026-12-03 as steps rowsum_*);
@@ -162,6 +163,16 @@ SGT=${STAGES_TRY:-4}
 want stages && STEPS="$STEPS stages_check stages_time"
 cstep stages_check 300 env FALCON_TRITON_STATE_STAGES=$SGT python3 -m falcon_lab.bench check --quick --variants 1,1A \
   --out "$W/check_stages_$SGT"
+# wl3a: the banded Falcon-3A's _wl_bwd_main with FALCON_TRITON_3A_BWD=rowsum (its read-out row sum off the dq
+# accumulator, q reloaded after the value loop, dq/dx stored before the band adjoints; opt-in since 2026-12-03):
+# rows 1-25 of `bench check --variants 3A` (the banded core rows, the public op, decode; the varlen rows run the W
+# scans), the quick rows with FALCON_TRITON_3A_BWD_BV=32 too, then falcon-1A, -3A timed as dots, rowsum and
+# rowsum with BV 32 (one process each); all pass and faster -> the default
+want wl3a && STEPS="$STEPS wl3a_check wl3a_bv32_check wl3a_time"
+cstep wl3a_check 300 env FALCON_TRITON_3A_BWD=rowsum python3 -m falcon_lab.bench check --variants 3A --rows 1-25 \
+  --out "$W/check_wl3a_rowsum"
+cstep wl3a_bv32_check 300 env FALCON_TRITON_3A_BWD=rowsum FALCON_TRITON_3A_BWD_BV=32 python3 -m falcon_lab.bench \
+  check --quick --variants 3A --out "$W/check_wl3a_rowsum_bv32"
 warm_cmd() {
   python3 -c 'from falcon_lab.benchmarking.kernels import OPS, SHAPES
 for o in OPS:
@@ -188,6 +199,9 @@ falcon-3A-scans,fla_chunk_delta_rule} --out $W/kernels_bwdmain_\$m; done"
 step stages_time 240 bash -c "for m in default $SGT; do FALCON_TRITON_STATE_STAGES=\$([ \$m = default ] || echo \$m) \
   TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=$PWD/.tcache python3 -m falcon_lab.bench kernels --ops \
   falcon-1,falcon-1A,fla_chunk_delta_rule --out $W/kernels_stages_\$m; done"
+step wl3a_time 240 bash -c "for m in dots: rowsum: rowsum:32; do FALCON_TRITON_3A_BWD=\${m%:*} \
+  FALCON_TRITON_3A_BWD_BV=\${m#*:} python3 -m falcon_lab.bench kernels --ops falcon-1A,falcon-3A \
+  --out $W/kernels_wl3a_\${m%:*}\${m#*:}; done"
 # warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared .tcache (on
 # a fresh machine the full run alone spent its 440 s mostly compiling, fla's kernels above all: 2026-12-03 call 2)
 step warm 240 bash -c warm_cmd

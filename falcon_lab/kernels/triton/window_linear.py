@@ -35,9 +35,14 @@ benchmarks/results/h200_logs/kernels_2026-12-03b/call3_c2485d2/check_banded3a_sw
 Timed in the full `bench kernels` of that commit (benchmarks/results/kernels_h200.json, public op, bf16): fwd+bwd
 3.13 / 3.53 / 3.62 / 5.93 ms against the W scans' 4.60 / 5.56 / 5.45 / 10.53 ms (0.56-0.68x) at (16, 2048, 12, 64),
 (4, 8192, 12, 64), (16, 2048, 6, 128), (1, 32768, 6, 128), at lower peak memory (985 vs 1278 MB at K = 64).
+FALCON_TRITON_3A_BWD=rowsum (opt-in, ours; see WL_BWD) drops _wl_bwd_main's in-loop q·S dot: the read-out's row sum
+comes from the dq accumulator after the value loop, as chunk.py's BWD_MAIN=rowsum does for Falcon-1 (fewer spills
+offline); FALCON_TRITON_3A_BWD_BV (opt-in) sets its value block apart from the forward's.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -46,6 +51,22 @@ import triton.language as tl
 from .common import _empty, _np2, _prec, _stages, _state_get, _state_init, _state_put, _state_tile, cdiv
 
 BW = 16  # the carried-pairs tile (W - 1 <= 15 rows used)
+# _wl_bwd_main's read-out row sum d_ur_i ∋ e^{ur_i} Σ_v dO_iv (q_i S)_v (ours, as chunk.py's BWD_MAIN): "dots" (the
+# default, the kernel proven on the H200 up to 2026-12-03) forms q·S per value block inside the value loop; "rowsum"
+# (opt-in, not yet run on a GPU) takes it after the loop from the dq accumulator, q_i · (dO_i Sᵀ) (one dot and one
+# [C, BV] fp32 tile fewer per value block), loads q again after the loop and stores dq, dx before the band adjoints.
+# Same sum, different rounding. Offline (sm_90a, Triton 3.6 ptxas -v, bf16, W = 4, 8 warps, both 255 registers):
+# spill stores 920 -> 572 bytes at K = V = 64, C = 64 (smem 69632 -> 61440), 888 -> 268 at K = V = 128, C = 32
+# (110592 -> 94208); W = 16: 4952 -> 1968.
+WL_BWD = os.environ.get("FALCON_TRITON_3A_BWD", "dots")
+if WL_BWD not in ("dots", "rowsum"):
+    raise ValueError(f"FALCON_TRITON_3A_BWD must be 'dots' or 'rowsum', got {WL_BWD!r}")
+# _wl_bwd_main's value block (ours, opt-in, for measurement): FALCON_TRITON_3A_BWD_BV = 16 / 32 / 64 / 128; unset: the
+# forward's (64 at K <= 64, else 32). Offline (sm_90a, Triton 3.6, bf16, K = V = 64, C = 64, W = 4, 8 warps) BV = 32
+# cut the spill stores from 572 to 120 bytes with "rowsum" (920 to 220 with "dots"; see WL_BWD).
+WL_BWD_BV = os.environ.get("FALCON_TRITON_3A_BWD_BV", "")
+if WL_BWD_BV not in ("", "16", "32", "64", "128"):
+    raise ValueError(f"FALCON_TRITON_3A_BWD_BV must be 16, 32, 64 or 128, got {WL_BWD_BV!r}")
 
 
 @triton.jit
@@ -230,10 +251,17 @@ def _wl_bwd_state(Q, G, DO, DST, DHS, DS0, T, NT, H: tl.constexpr, K: tl.constex
 
 
 @triton.jit
+def _wl_store_dqdx(DQ, DX, DXC, tok, otok, cbase, c, ck, km, ckm, dq, dxo, dxc, K: tl.constexpr):
+    tl.store(DQ + tok[:, None] * K + ck[None, :], dq.to(DQ.dtype.element_ty), mask=km)
+    tl.store(DX + otok[:, None] * K + ck[None, :], dxo.to(DX.dtype.element_ty), mask=km)
+    tl.store(DXC + (cbase + c)[:, None] * K + ck[None, :], dxc, mask=ckm)
+
+
+@triton.jit
 def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG, T, XT, NT,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, BWc: tl.constexpr, READ_AFTER: tl.constexpr,
-                 PREC: tl.constexpr):
+                 PREC: tl.constexpr, ROWSUM: tl.constexpr):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -285,8 +313,9 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
         vo, vc = _load_pairs(VW, otok, ctok, rmask, cm, cv, vmask, V)
         dPo += tl.dot(do, tl.trans(vo), input_precision=PREC)
         dPc += tl.dot(do, tl.trans(vc), input_precision=PREC)
-        qS = tl.dot(q, Sd, input_precision=PREC)
-        d_ur += tl.exp(ur) * tl.sum(do.to(tl.float32) * qS, 1)
+        if not ROWSUM:
+            qS = tl.dot(q, Sd, input_precision=PREC)
+            d_ur += tl.exp(ur) * tl.sum(do.to(tl.float32) * qS, 1)
         dq += tl.dot(do, tl.trans(Sd), input_precision=PREC)
         duC += tl.sum(tl.sum(dH * S, 1), 0) * tl.exp(uC)
         xoG = tl.dot(xo, dHd, input_precision=PREC)
@@ -305,12 +334,18 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
     Mc = _band_carried(i, c, u, eta, ur, C, W, READ_AFTER, BWc)
     dAo = dPo * Mo
     dAc = dPc * Mc
+    if ROWSUM:  # the read-out's row sum Σ_v dO_iv (q_i S)_v = q_i · (dO_i Sᵀ), off dq before its e^{ur} (ours)
+        # q loaded again rather than kept live across the loop (ours: fewer spills offline, see WL_BWD)
+        q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+        d_ur += tl.exp(ur) * tl.sum(q.to(tl.float32) * dq, 1)
     dq = dq * tl.exp(ur)[:, None] + tl.dot(dAo.to(dt), xo, input_precision=PREC) \
         + tl.dot(dAc.to(dt), xc, input_precision=PREC)
     dxo += tl.trans(tl.dot(tl.trans(q), dAo.to(dt), input_precision=PREC))
     dxc += tl.trans(tl.dot(tl.trans(q), dAc.to(dt), input_precision=PREC))
     dMo = dPo * tl.dot(q, tl.trans(xo), input_precision=PREC)
     dMc = dPc * tl.dot(q, tl.trans(xc), input_precision=PREC)
+    if ROWSUM:  # dq, dx are final here: stored before the band adjoints, not kept live through them (ours)
+        _wl_store_dqdx(DQ, DX, DXC, tok, otok, cbase, c, ck, km, ckm, dq, dxo, dxc, K)
     # the band sums' adjoints: d(Dr[i, s]) from M_o (s = j'+m) and M_c (s <= c), and dw_s from m_o, m_c
     d_u = tl.zeros([C], dtype=tl.float32)
     d_eta = tl.zeros([C], dtype=tl.float32)
@@ -351,9 +386,8 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
     dg = tl.cumsum(d_u, 0, reverse=True)
     if not READ_AFTER:
         dg -= d_ur
-    tl.store(DQ + tok[:, None] * K + ck[None, :], dq.to(DQ.dtype.element_ty), mask=km)
-    tl.store(DX + otok[:, None] * K + ck[None, :], dxo.to(DX.dtype.element_ty), mask=km)
-    tl.store(DXC + (cbase + c)[:, None] * K + ck[None, :], dxc, mask=ckm)
+    if not ROWSUM:
+        _wl_store_dqdx(DQ, DX, DXC, tok, otok, cbase, c, ck, km, ckm, dq, dxo, dxc, K)
     tl.store(DETA + tok, d_eta, mask=rmask)
     tl.store(DG + tok, dg, mask=rmask)
 
@@ -417,8 +451,9 @@ def window_linear_backward(q, xw, vw, eta, g, saved, dO, dST, *, read_after, C, 
     DVC = torch.zeros(B * H, NT, BW, V, dtype=f32, device=dev)
     deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
+    BVm = int(WL_BWD_BV) if WL_BWD_BV else BV
     _wl_bwd_main[(NT, B * H)](q, xw, vw, eta, g, HS, DHS, dO, dq, dxo, dvo, DXC, DVC, deta, dg, T, XT, NT, H, K, V,
-                              C, W, BK, BV, BW, read_after, prec, num_warps=8, **st)
+                              C, W, BK, BVm, BW, read_after, prec, WL_BWD == "rowsum", num_warps=8, **st)
     return dq, _add_carried(dxo, DXC, xw.dtype, C, W, NT), _add_carried(dvo, DVC, vw.dtype, C, W, NT), deta, dg, DS0
 
 
