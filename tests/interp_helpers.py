@@ -47,3 +47,10 @@ def case_result(results: dict, case_id: str):
     assert r is not None, f"case {case_id} did not run"
     assert "error" not in r, r.get("error")
     return r["res"]
+
+
+def import_with(module: str, **env) -> subprocess.CompletedProcess:
+    """Import `module` in a fresh interpreter with the environment variables `env` set (the kernels' switches are read
+    once, at import): the completed process, for its exit code and stderr."""
+    return subprocess.run([sys.executable, "-c", f"import {module}"], env=dict(os.environ, **env), capture_output=True,
+                          text=True, timeout=300)

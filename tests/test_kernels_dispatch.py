@@ -1,8 +1,6 @@
 """One encoding of a variant (FalconSpec) and one dispatch decision (dispatch.select), used by the op
 and by the mixers' "which backend ran" label; fla's names for the op's three entry points."""
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -11,6 +9,7 @@ from falcon_lab.kernels import (VARIANTS, FalconSpec, chunk_falcon, fused_recurr
                                 naive_recurrent_falcon, recurrent_falcon)
 from falcon_lab.kernels.dispatch import select
 from falcon_lab.kernels.triton import PROVEN_CHUNK, PROVEN_DECODE, check
+from interp_helpers import import_with
 
 
 def test_spec_table():
@@ -204,7 +203,5 @@ def test_state_pass_pipeline_stages_switch(monkeypatch):
     monkeypatch.setattr(common, "STATE_STAGES", "4")
     assert common.state_stages({}) == {"num_stages": 4}
     assert common.state_stages(common._stages(torch.float32)) == {"num_stages": 1}
-    code = "import falcon_lab.kernels.triton.common"
-    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, FALCON_TRITON_STATE_STAGES="5"),
-                         capture_output=True, text=True, timeout=300)
+    out = import_with("falcon_lab.kernels.triton.common", FALCON_TRITON_STATE_STAGES="5")
     assert out.returncode != 0 and "FALCON_TRITON_STATE_STAGES must be empty or 1-4, got '5'" in out.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from interp_helpers import run_interp_cases
+from interp_helpers import import_with, run_interp_cases
 
 HERE = Path(__file__).resolve().parent
 
@@ -297,9 +297,7 @@ def test_the_blocked_intra_chunk_term_is_the_default():
 
     if "FALCON_TRITON_2A" not in os.environ:
         assert kp.INTRA == "blocked"
-    code = "import falcon_lab.kernels.triton.percol"
-    env = dict(os.environ, FALCON_TRITON_2A="block")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    out = import_with("falcon_lab.kernels.triton.percol", FALCON_TRITON_2A="block")
     assert out.returncode != 0 and "FALCON_TRITON_2A must be 'exact' or 'blocked', got 'block'" in out.stderr
 
 
@@ -311,9 +309,7 @@ def test_bwd_main_row_sums_from_the_accumulators_are_the_default():
 
     if "FALCON_TRITON_BWD_MAIN" not in os.environ:
         assert kc.BWD_MAIN == "rowsum"
-    code = "import falcon_lab.kernels.triton.chunk"
-    env = dict(os.environ, FALCON_TRITON_BWD_MAIN="row")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    out = import_with("falcon_lab.kernels.triton.chunk", FALCON_TRITON_BWD_MAIN="row")
     want = "FALCON_TRITON_BWD_MAIN must be 'rowsum', 'dots' or 'split', got 'row'"
     assert out.returncode != 0 and want in out.stderr
 
@@ -327,15 +323,12 @@ def test_banded_3a_bwd_row_sum_in_the_loop_is_the_default():
 
     if "FALCON_TRITON_3A_BWD" not in os.environ:
         assert wl.WL_BWD == "dots"
-    code = "import falcon_lab.kernels.triton.window_linear"
-    env = dict(os.environ, FALCON_TRITON_3A_BWD="row")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    out = import_with("falcon_lab.kernels.triton.window_linear", FALCON_TRITON_3A_BWD="row")
     want = "FALCON_TRITON_3A_BWD must be 'dots' or 'rowsum', got 'row'"
     assert out.returncode != 0 and want in out.stderr
     if "FALCON_TRITON_3A_BWD_BV" not in os.environ:
         assert wl.WL_BWD_BV == ""
-    env = dict(os.environ, FALCON_TRITON_3A_BWD_BV="48")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    out = import_with("falcon_lab.kernels.triton.window_linear", FALCON_TRITON_3A_BWD_BV="48")
     assert out.returncode != 0 and "FALCON_TRITON_3A_BWD_BV must be 16, 32, 64 or 128, got '48'" in out.stderr
 
 
@@ -349,10 +342,8 @@ def test_falcon2_blocked_solve_switches_refuse_typos():
         assert kpd.SOLVE == "rows"
     if "FALCON_TRITON_2_BWD_SOLVE" not in os.environ:
         assert kpd.BWD_SOLVE == "exact"
-    code = "import falcon_lab.kernels.triton.percol_delta"
     for var, val, msg in (("FALCON_TRITON_2_SOLVE", "block", "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd' or "
                                                             "'blocked', got 'block'"),
                           ("FALCON_TRITON_2_BLK_BWD", "3,0", "FALCON_TRITON_2_BLK_BWD must be 'warps,bv'")):
-        out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **{var: val}), capture_output=True,
-                             text=True, timeout=300)
+        out = import_with("falcon_lab.kernels.triton.percol_delta", **{var: val})
         assert out.returncode != 0 and msg in out.stderr, out.stderr[-500:]

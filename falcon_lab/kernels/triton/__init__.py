@@ -61,6 +61,7 @@ import torch
 from ..spec import FalconSpec
 from .decode import decode_step
 from .eig import window_ok as eig_window_ok
+from .host import env_choice
 from .ops import chunk_core, plain_eager
 from .prep import fused_prepare
 from .window_linear import BW as WINDOW_LINEAR_MAX_W, chunk_for as window_chunk_for
@@ -90,25 +91,17 @@ _TF32 = os.environ.get("FALCON_TRITON_TF32", "0") == "1"
 # kernels_2026-12-03b/), at 0.56-0.68x the W scans' fwd+bwd time in the same run's benchmarks/results/kernels_h200.json)
 # or "scans" (W Falcon-1A scans, proven on the H200; the opt-out). Packed calls (cu_seqlens) and windows above the
 # banded kernel's 16 run the scans either way. Ours; `core(fused_window=)` overrides it per call.
-_FALCON_3A = os.environ.get("FALCON_TRITON_3A", "banded")
-if _FALCON_3A not in ("scans", "banded"):
-    raise ValueError(f"FALCON_TRITON_3A must be 'scans' or 'banded', got {_FALCON_3A!r}")
+_FALCON_3A = env_choice("FALCON_TRITON_3A", "banded", ("scans", "banded"))
 # Falcon-3: "expand" (the T·W pseudo-tokens materialised on the host, proven on the H200) or "gather" (the chunk
 # kernels read them in place from q, η, log γ and the pair stream: no expanded copies of the inputs, outputs or their
 # gradients; interpreter-tested, not yet run on a GPU). Ours; `core(fused_window=)` overrides it per call.
-_FALCON_3 = os.environ.get("FALCON_TRITON_3", "expand")
-if _FALCON_3 not in ("expand", "gather"):
-    raise ValueError(f"FALCON_TRITON_3 must be 'expand' or 'gather', got {_FALCON_3!r}")
+_FALCON_3 = env_choice("FALCON_TRITON_3", "expand", ("expand", "gather"))
 # The op's prep for window 1 with the Triton backend: "fused" (prep.py here, one kernel each way, plain eager calls)
 # or "torch" (falcon_lab/kernels/prep.py, always used under torch.compile and for windows > 1). Ours.
-_PREP = os.environ.get("FALCON_TRITON_PREP", "fused")
-if _PREP not in ("fused", "torch"):
-    raise ValueError(f"FALCON_TRITON_PREP must be 'fused' or 'torch', got {_PREP!r}")
+_PREP = env_choice("FALCON_TRITON_PREP", "fused", ("fused", "torch"))
 # Packed sequences (cu_seqlens): "native" (the chunk kernels read the packed batch: Falcon-1, -1A, -2, -2A, 3A scans)
 # or "pad" (gathered into right-padded rows [N, T_max] first, every variant). Ours.
-_VARLEN = os.environ.get("FALCON_TRITON_VARLEN", "native")
-if _VARLEN not in ("native", "pad"):
-    raise ValueError(f"FALCON_TRITON_VARLEN must be 'native' or 'pad', got {_VARLEN!r}")
+_VARLEN = env_choice("FALCON_TRITON_VARLEN", "native", ("native", "pad"))
 
 
 def interpreter_active() -> bool:

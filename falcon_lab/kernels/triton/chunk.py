@@ -33,8 +33,6 @@ A, Wt, Vt and R (the residuals) are stored in the input dtype (as fla does).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -42,6 +40,7 @@ import triton.language as tl
 from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _state_init,  # noqa: F401
                      _state_put, _state_tile, _varlen_chunk, _varlen_seq, cdiv, launch, state_bv,
                      state_stages, varlen_args)
+from .host import env_choice
 
 # _bwd_main's three gate-gradient row sums (ours): "rowsum" (the default) takes them from the dq, dx accumulators
 # after the value loop, Σ_v dO_iv (q_i S)_v = q_i · (dO_i Sᵀ) and likewise x_i · (U_i dHᵀ), x_i · (dY_i Sᵀ), so the
@@ -53,9 +52,7 @@ from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _s
 # (16, 2048, 12, 64) (benchmarks/results/h200_logs/kernels_2026-12-03c/). "split" (opt-in, ours, not yet run on a GPU)
 # replaces _bwd_main by _bwd_cc, _bwd_dqdx and _bwd_gate (below: the same math, at most three fp32 accumulators live
 # in each value loop, 4 warps, fla-style), aimed at _bwd_main's 255 registers and one 8-warp block per SM.
-BWD_MAIN = os.environ.get("FALCON_TRITON_BWD_MAIN", "rowsum")
-if BWD_MAIN not in ("rowsum", "dots", "split"):
-    raise ValueError(f"FALCON_TRITON_BWD_MAIN must be 'rowsum', 'dots' or 'split', got {BWD_MAIN!r}")
+BWD_MAIN = env_choice("FALCON_TRITON_BWD_MAIN", "rowsum", ("rowsum", "dots", "split"))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,7 +1,21 @@
-"""Host-side integer helpers for the kernel launchers (ours). Triton 3.6's `triton.cdiv` and
+"""Host-side helpers for the kernel launchers (ours): the integer helpers and the environment switches. Triton 3.6's `triton.cdiv` and
 `triton.next_power_of_2` are ConstexprFunctions: called from Python each costs ~12 us (2-core CPU,
 2026-12-02: 18 such calls made ~220 us of a Falcon-1A forward+backward's host time), and the eager ops are
 bound by their host time on the H200 at small shapes (benchmarks/results/h200_logs/kernels_2026-12-02e/)."""
+
+
+import os
+
+
+def env_choice(name: str, default: str, choices: tuple) -> str:
+    """The value of the switch `name` (read once, at import), one of `choices`; anything else fails at start-up,
+    naming the variable and what it takes."""
+    value = os.environ.get(name, default)
+    if value not in choices:
+        quoted = [repr(c) for c in choices]
+        allowed = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return value
 
 
 def cdiv(a: int, b: int) -> int:

@@ -30,21 +30,18 @@ The Falcon-2 kernels (percol_delta.py) reuse the read-out and backward kernels h
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from .common import (_chunk_rows, _empty, _np2, _state_init, _state_put, _state_tile, _varlen_chunk, _varlen_seq,
                      cdiv, launch, varlen_args)
+from .host import env_choice
 
 SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per program)
 # The intra-chunk term: "blocked" (16-row sub-blocks, the off-diagonal blocks as tensor-core dots: ours, the default)
 # or "exact" (the [C, C, SB] broadcast). Both proven on the H200. Falcon-2 shares it.
-INTRA = os.environ.get("FALCON_TRITON_2A", "blocked")
-if INTRA not in ("exact", "blocked"):
-    raise ValueError(f"FALCON_TRITON_2A must be 'exact' or 'blocked', got {INTRA!r}")
+INTRA = env_choice("FALCON_TRITON_2A", "blocked", ("exact", "blocked"))
 
 
 @triton.jit

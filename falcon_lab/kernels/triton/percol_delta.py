@@ -37,6 +37,7 @@ import triton.language as tl
 
 from .common import (_chunk_rows, _empty, _state_init, _state_put, _state_tile, _varlen_chunk, _varlen_seq,
                      cdiv, launch, varlen_args)
+from .host import env_choice
 from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 
 # The per-column solves inside the two sequential state passes (ours, opt-in): "rows" (C-step substitution over the
@@ -49,9 +50,7 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # out of range at fp32 K = 64, C = 64 (compute-sanitizer: in _bwd_solve_blocked's loop over sub-blocks, last first):
 # "blocked" runs on CUDA only with FALCON_TRITON_UNPROVEN=1. FALCON_TRITON_2_BLK_BWD="warps,bv" sets the launch of
 # that reverse kernel (default "8,0": 8 warps, the pass's value tile) for the experiments that isolate it.
-SOLVE = os.environ.get("FALCON_TRITON_2_SOLVE", "rows")
-if SOLVE not in ("rows", "fwd", "blocked"):
-    raise ValueError(f"FALCON_TRITON_2_SOLVE must be 'rows', 'fwd' or 'blocked', got {SOLVE!r}")
+SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "rows", ("rows", "fwd", "blocked"))
 try:
     BLK_BWD = tuple(int(t) for t in os.environ.get("FALCON_TRITON_2_BLK_BWD", "8,0").split(","))
     assert len(BLK_BWD) == 2 and BLK_BWD[0] in (1, 2, 4, 8, 16) and BLK_BWD[1] in (0, 16, 32, 64, 128)
@@ -63,9 +62,7 @@ except (ValueError, AssertionError):
 # The solve's own gradients (pass 1 of _pcd_bwd_solve): "blocked" (_pcd_bwd_solve_blk, 16-row sub-blocks with
 # tensor-core dots off the diagonal: ours, interpreter-tested; on the H200 rows 1, 7, 10, 11, 17, 20 of Falcon-2's check
 # passed with it on 2026-12-03, the whole sweep not yet run, so opt-in) or "exact" (the [C, C, 4] broadcast, proven).
-BWD_SOLVE = os.environ.get("FALCON_TRITON_2_BWD_SOLVE", "exact")
-if BWD_SOLVE not in ("exact", "blocked"):
-    raise ValueError(f"FALCON_TRITON_2_BWD_SOLVE must be 'exact' or 'blocked', got {BWD_SOLVE!r}")
+BWD_SOLVE = env_choice("FALCON_TRITON_2_BWD_SOLVE", "exact", ("exact", "blocked"))
 
 
 @triton.jit

@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from .common import _empty, _np2, _prec, _stages, _state_get, _state_init, _state_put, _state_tile, cdiv
+from .host import env_choice
 
 BW = 16  # the carried-pairs tile (W - 1 <= 15 rows used)
 # _wl_bwd_main's read-out row sum d_ur_i ∋ e^{ur_i} Σ_v dO_iv (q_i S)_v (ours, as chunk.py's BWD_MAIN): "dots" (the
@@ -58,9 +59,7 @@ BW = 16  # the carried-pairs tile (W - 1 <= 15 rows used)
 # Same sum, different rounding. Offline (sm_90a, Triton 3.6 ptxas -v, bf16, W = 4, 8 warps, both 255 registers):
 # spill stores 920 -> 572 bytes at K = V = 64, C = 64 (smem 69632 -> 61440), 888 -> 268 at K = V = 128, C = 32
 # (110592 -> 94208); W = 16: 4952 -> 1968.
-WL_BWD = os.environ.get("FALCON_TRITON_3A_BWD", "dots")
-if WL_BWD not in ("dots", "rowsum"):
-    raise ValueError(f"FALCON_TRITON_3A_BWD must be 'dots' or 'rowsum', got {WL_BWD!r}")
+WL_BWD = env_choice("FALCON_TRITON_3A_BWD", "dots", ("dots", "rowsum"))
 # _wl_bwd_main's value block (ours, opt-in, for measurement): FALCON_TRITON_3A_BWD_BV = 16 / 32 / 64 / 128; unset: the
 # forward's (64 at K <= 64, else 32). Offline (sm_90a, Triton 3.6, bf16, K = V = 64, C = 64, W = 4, 8 warps) BV = 32
 # cut the spill stores from 572 to 120 bytes with "rowsum" (920 to 220 with "dots"; see WL_BWD).
