@@ -49,21 +49,22 @@ CASES.append(_c("F3A-banded-W3-C64-T65", delta=False, W=3, C=64, T=65, B=1, H=1,
 CASES.append(_c("F3A-banded-W2-fp16", delta=False, W=2, dtype="float16", seed=26, fused=True))
 CASES.append(_c("F3A-banded-K16-V80-two-value-blocks", delta=False, W=4, T=40, B=1, H=1, K=16, V=80, seed=31,
                 fused=True))
-# the banded scan's backward with the read-out row sum off the dq accumulator (FALCON_TRITON_3A_BWD=rowsum, opt-in,
-# ours): both read orders, W = 2/3/4/8/16, fp16, C = 16/32/64, K = 16/48, V = 16/32/80 (two value blocks)
+# the banded scan's backward with the read-out row sum formed inside its value loop (FALCON_TRITON_3A_BWD=dots, the
+# kernel proven up to 2026-12-03; the default, "rowsum", takes it off the dq accumulator, ours, in the cases above):
+# both read orders, W = 2/3/4/8/16, fp16, C = 16/32/64, K = 16/48, V = 16/32/80 (several value blocks)
 WL_ROWSUM = [("W3-after", dict(W=3)), ("W4-before-C32", dict(W=4, after=False, C=32, T=45)), (
     "W8-C64-K48-V80-strong-decay", dict(W=8, C=64, T=70, B=1, H=1, K=48, V=80, strong=True)), (
     "W16-C32-K48-V16-no-S0-no-dST", dict(W=16, C=32, T=40, B=1, H=1, K=48, V=16, s0=False, no_dst=True)), (
     "W2-before-fp16", dict(W=2, after=False, dtype="float16")), ("W4-before-C64-K16-V80", dict(
     W=4, after=False, C=64, T=65, B=1, H=1, K=16, V=80))]
-CASES += [_c(f"F3A-banded-rowsum-{n}", delta=False, seed=130 + i, fused=True, wl_bwd="rowsum", **kw)
+CASES += [_c(f"F3A-banded-dots-{n}", delta=False, seed=130 + i, fused=True, wl_bwd="dots", **kw)
           for i, (n, kw) in enumerate(WL_ROWSUM)]
-# ... and its value block set apart from the forward's (FALCON_TRITON_3A_BWD_BV, opt-in, ours): several blocks, a
-# masked rest
+# ... and its value block (FALCON_TRITON_3A_BWD_BV, default 32, ours) at 16 and at 64 (the forward's at K <= 64, the
+# value block of the kernel proven before): several blocks, a masked rest
 CASES.append(_c("F3A-banded-rowsum-bv16-W4-K48-V80", delta=False, W=4, T=40, B=1, H=1, K=48, V=80, seed=140,
                 fused=True, wl_bwd="rowsum", wl_bwd_bv="16"))
-CASES.append(_c("F3A-banded-dots-bv32-W3-before-C64-K16-V80", delta=False, W=3, after=False, C=64, T=65, B=1, H=1,
-                K=16, V=80, seed=141, fused=True, wl_bwd="dots", wl_bwd_bv="32"))
+CASES.append(_c("F3A-banded-dots-bv64-W3-before-C64-K16-V80", delta=False, W=3, after=False, C=64, T=65, B=1, H=1,
+                K=16, V=80, seed=141, fused=True, wl_bwd="dots", wl_bwd_bv="64"))
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10))
 CASES.append(_c("F3-W4-C64-strong-decay-no-dST", delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True,
@@ -100,23 +101,22 @@ CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=
                 strong=True, s0=False, no_dst=True, seed=19))
 CASES.append(_c("F2-fp16", delta=True, per_col=True, dtype="float16", seed=20))
 CASES.append(_c("F2-K48-V80-before", delta=True, per_col=True, after=False, T=50, B=1, H=1, K=48, V=80, seed=22))
-# Falcon-2's per-column solves by 16-row sub-blocks (ours, opt-in): the forward state pass alone
-# (FALCON_TRITON_2_SOLVE=fwd), both passes (=blocked), the solve's own gradients (FALCON_TRITON_2_BWD_SOLVE=blocked;
-# C = 16 keeps the broadcast)
-CASES.append(_c("F2-solve-fwd-C64-strong-decay", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
-                strong=True, seed=19, solve="fwd"))
-CASES.append(_c("F2-solve-fwd-fp16-C32-K48-V80", delta=True, per_col=True, C=32, T=70, B=1, H=1, K=48, V=80,
-                dtype="float16", seed=23, solve="fwd"))
+# Falcon-2's per-column solves (ours): the cases above run the defaults (the forward state pass by 16-row sub-blocks,
+# FALCON_TRITON_2_SOLVE=fwd, and the solve's own gradients by sub-blocks, FALCON_TRITON_2_BWD_SOLVE=blocked; C = 16
+# keeps the broadcast); here the row substitution and the broadcast proven before (=rows, =exact), both passes by
+# sub-blocks (=blocked, on CUDA only with FALCON_TRITON_UNPROVEN=1), and the broadcast under the blocked forward
+CASES.append(_c("F2-rows-exact-C64-strong-decay", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
+                strong=True, seed=19, solve="rows", bwd_solve="exact"))
+CASES.append(_c("F2-rows-exact-fp16-C32-K48-V80", delta=True, per_col=True, C=32, T=70, B=1, H=1, K=48, V=80,
+                dtype="float16", seed=23, solve="rows", bwd_solve="exact"))
 CASES.append(_c("F2-solve-blocked-C64-strong-decay", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
                 strong=True, seed=19, solve="blocked"))
 CASES.append(_c("F2-solve-blocked-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20,
                 seed=18, solve="blocked"))
-CASES.append(_c("F2-bwdblk-C64-strong-decay", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
-                strong=True, seed=19, bwd_solve="blocked"))
-CASES.append(_c("F2-bwdblk-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20,
-                seed=18, bwd_solve="blocked"))
-CASES.append(_c("F2-bwdblk-fp16-C64-K48-V80", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=48, V=80,
-                dtype="float16", seed=22, bwd_solve="blocked"))
+CASES.append(_c("F2-rows-exact-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20,
+                seed=18, solve="rows", bwd_solve="exact"))
+CASES.append(_c("F2-exact-fp16-C64-K48-V80", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=48, V=80,
+                dtype="float16", seed=22, bwd_solve="exact"))
 # chunk.py's _bwd_main with the gate gradients' row sums formed inside its value loop (FALCON_TRITON_BWD_MAIN=dots,
 # the kernel proven up to 2026-12-03; the default takes them from its accumulators): Falcon-1 and -1A, both read
 # orders, fp16, Falcon-3's expansion and in-place pseudo-tokens, Falcon-3A's scans
@@ -314,34 +314,36 @@ def test_bwd_main_row_sums_from_the_accumulators_are_the_default():
     assert out.returncode != 0 and want in out.stderr
 
 
-def test_banded_3a_bwd_row_sum_in_the_loop_is_the_default():
-    """The banded Falcon-3A backward keeps its in-loop q·S dots (the kernel proven on the H200) unless
-    FALCON_TRITON_3A_BWD=rowsum asks for the read-out row sum from the dq accumulator (opt-in, interpreter-tested
-    above), its value block is the forward's unless FALCON_TRITON_3A_BWD_BV is set, and a typo in either is refused
-    at import, naming the variable."""
+def test_banded_3a_bwd_takes_the_row_sum_off_the_accumulator_by_default():
+    """The banded Falcon-3A backward takes the read-out row sum from the dq accumulator (FALCON_TRITON_3A_BWD=rowsum)
+    with a value block of 32 unless asked for the in-loop q·S dots (=dots, the kernel proven before, interpreter-tested
+    above) or another block (FALCON_TRITON_3A_BWD_BV), and a typo in either is refused at import, naming the
+    variable."""
     import falcon_lab.kernels.triton.window_linear as wl
 
     if "FALCON_TRITON_3A_BWD" not in os.environ:
-        assert wl.WL_BWD == "dots"
+        assert wl.WL_BWD == "rowsum"
     out = import_with("falcon_lab.kernels.triton.window_linear", FALCON_TRITON_3A_BWD="row")
     want = "FALCON_TRITON_3A_BWD must be 'dots' or 'rowsum', got 'row'"
     assert out.returncode != 0 and want in out.stderr
     if "FALCON_TRITON_3A_BWD_BV" not in os.environ:
-        assert wl.WL_BWD_BV == ""
+        assert wl.WL_BWD_BV == "32"
     out = import_with("falcon_lab.kernels.triton.window_linear", FALCON_TRITON_3A_BWD_BV="48")
-    assert out.returncode != 0 and "FALCON_TRITON_3A_BWD_BV must be 16, 32, 64 or 128, got '48'" in out.stderr
+    want = "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"
+    assert out.returncode != 0 and want in out.stderr
 
 
 def test_falcon2_blocked_solve_switches_refuse_typos():
-    """Falcon-2's per-column solves stay on the proven row substitution unless asked (FALCON_TRITON_2_SOLVE=fwd /
-    blocked, FALCON_TRITON_2_BWD_SOLVE=blocked, interpreter-tested above), and bad values fail at import, naming the
-    variable."""
+    """Falcon-2's forward state pass and its solve's gradients run by sub-blocks (FALCON_TRITON_2_SOLVE=fwd,
+    FALCON_TRITON_2_BWD_SOLVE=blocked, the pair proven on the H200) unless asked for the row substitution or the
+    broadcast (=rows, =exact) or both passes by blocks (=blocked), all interpreter-tested above, and bad values fail
+    at import, naming the variable."""
     import falcon_lab.kernels.triton.percol_delta as kpd
 
     if "FALCON_TRITON_2_SOLVE" not in os.environ:
-        assert kpd.SOLVE == "rows"
+        assert kpd.SOLVE == "fwd"
     if "FALCON_TRITON_2_BWD_SOLVE" not in os.environ:
-        assert kpd.BWD_SOLVE == "exact"
+        assert kpd.BWD_SOLVE == "blocked"
     for var, val, msg in (("FALCON_TRITON_2_SOLVE", "block", "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd' or "
                                                             "'blocked', got 'block'"),
                           ("FALCON_TRITON_2_BLK_BWD", "3,0", "FALCON_TRITON_2_BLK_BWD must be 'warps,bv'")):

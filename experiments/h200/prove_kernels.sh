@@ -41,6 +41,7 @@
 #   stages     chunk.py's state passes at FALCON_TRITON_STATE_STAGES=$STAGES_TRY (default 4): quick rows, then timings;
 #   bwdmain    chunk.py's backward with FALCON_TRITON_BWD_MAIN=$BWD_MAIN_TRY (default split): sweeps, then timings
 #              against the default (rowsum, proven this way on 2026-12-03 as steps rowsum_*);
+#   bwdmain_rest  Falcon-1's check rows $BWD_MAIN_ROWS (default 22-29) with it, alone;
 #   eig        Falcon-3's mu_t squarings in one Triton kernel (triton/eig.py): rows 23-29 of `bench check --variants 3`
 #              (the public op, decode, varlen-native: the rows whose prep runs it) with FALCON_TRITON_UNPROVEN=1, then
 #              `bench kernels --quick --ops falcon-3` with the PyTorch squarings (FALCON_TRITON_PREP=torch) and with it;
@@ -157,6 +158,10 @@ for v in 1 1A; do
 done
 cstep bwdmain_3 330 env FALCON_TRITON_BWD_MAIN=$TRY FALCON_TRITON_3A=scans python3 -m falcon_lab.bench check \
   --quick --variants 3,3A --out "$W/check_bwdmain_${TRY}_3"
+# bwdmain_rest: Falcon-1's rows 22-29 with it (the public op, decode, native varlen: run on 2026-12-03 at 12b0470, their
+# log did not come back; rows 1-21 passed), alone: STEPS="bwdmain_rest bwdmain_time" with BWD_MAIN_OPS=falcon-1,falcon-1A
+cstep bwdmain_rest 200 env FALCON_TRITON_BWD_MAIN=$TRY python3 -m falcon_lab.bench check --variants 1 \
+  --rows ${BWD_MAIN_ROWS:-22-29} --out "$W/check_bwdmain_${TRY}_1_rest"
 # stages: chunk.py's state passes at FALCON_TRITON_STATE_STAGES=$STAGES_TRY (default 4; "" is Triton's 3 for 16-bit):
 # quick rows of 1 and 1A with it, then falcon-1, -1A and fla timed with the default and with it (one process each)
 SGT=${STAGES_TRY:-4}

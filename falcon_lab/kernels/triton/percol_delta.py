@@ -24,7 +24,9 @@ on the H200 (2026-12-02, 3e9d5f3: all 29 rows of `bench check --variants 2`, bf1
 every chunk size, the public op, CUDA-graph decode, native varlen; on by default). History (issue 15): at
 Triton's default 4 warps _pcd_bwd_state read an out-of-range shared/local address at K = V = 128, C = 64 bf16
 (compute-sanitizer), fixed by its 8-warp launch; its fp32 build at K = 16, C = 64 (wgmma n8) was 1e-4 off, fixed
-by fp32 value tiles >= 32.
+by fp32 value tiles >= 32. Since 2026-12-03 the forward state pass solves by 16-row sub-blocks and the solve's own
+gradients run by sub-blocks (SOLVE = "fwd", BWD_SOLVE = "blocked" below: the whole sweep again, 29/29, and -11 to
+-22 % fwd+bwd); the reverse state pass still substitutes row by row.
 """
 
 from __future__ import annotations
@@ -40,17 +42,21 @@ from .common import (_chunk_rows, _empty, _state_init, _state_put, _state_tile, 
 from .host import env_choice
 from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 
-# The per-column solves inside the two sequential state passes (ours, opt-in): "rows" (C-step substitution over the
-# whole [C, BV] chunk, proven on the H200 on 2026-12-02; the default), "fwd" (the forward pass by SBS = 16-row
-# sub-blocks, the off-diagonal coupling as tensor-core dots through a [K, BV] accumulator, only the diagonal blocks
-# substituted; the reverse pass by rows) or "blocked" (both passes by sub-blocks). The same arithmetic, right under the
-# interpreter. On the H200 (2026-12-03, benchmarks/results/h200_logs/kernels_2026-12-03c/call1_5e0a3b1/f2iso/) the
-# forward pass by blocks gave right outputs and final states at every row tried, while the reverse pass by blocks
-# (_pcd_bwd_state_blk) gave every gradient through dH wrong at K = 128, C = 64 bf16 and read shared or local memory
-# out of range at fp32 K = 64, C = 64 (compute-sanitizer: in _bwd_solve_blocked's loop over sub-blocks, last first):
-# "blocked" runs on CUDA only with FALCON_TRITON_UNPROVEN=1. FALCON_TRITON_2_BLK_BWD="warps,bv" sets the launch of
-# that reverse kernel (default "8,0": 8 warps, the pass's value tile) for the experiments that isolate it.
-SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "rows", ("rows", "fwd", "blocked"))
+# The per-column solves inside the two sequential state passes (ours): "fwd" (the default since 2026-12-03: the forward
+# pass by SBS = 16-row sub-blocks, the off-diagonal coupling as tensor-core dots through a [K, BV] accumulator, only the
+# diagonal blocks substituted; the reverse pass by rows), "rows" (C-step substitution over the whole [C, BV] chunk in
+# both passes, proven on the H200 on 2026-12-02, the default before) or "blocked" (both passes by sub-blocks). The same
+# arithmetic, right under the interpreter. On the H200 "fwd" with BWD_SOLVE="blocked" passed all 29 rows of
+# `bench check --variants 2` (bf16 and fp32, K = V = 16/64/128, every chunk size, the public op, CUDA-graph decode,
+# native varlen; 2026-12-03 at 12b0470, benchmarks/results/h200_logs/kernels_2026-12-03d/) and took Falcon-2's
+# fwd+bwd from 33.9 / 111.5 / 60.7 / 32.7 ms to 30.2 / 88.2 / 47.2 / 28.3 ms ("rows" / "exact") at (16, 2048, 12,
+# 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128), same call. The reverse pass by blocks
+# (_pcd_bwd_state_blk) gave every gradient through dH wrong at K = 128, C = 64 bf16 (also at 4 warps, where its fp32
+# rows pass and compute-sanitizer memcheck finds nothing at fp32 K = 64, C = 64) and read shared or local memory out
+# of range at fp32 K = 64, C = 64 at 8 warps (in _bwd_solve_blocked's loop over sub-blocks, last first): "blocked"
+# runs on CUDA only with FALCON_TRITON_UNPROVEN=1. FALCON_TRITON_2_BLK_BWD="warps,bv" sets the launch of that reverse
+# kernel (default "8,0": 8 warps, the pass's value tile) for the experiments that isolate it.
+SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "fwd", ("rows", "fwd", "blocked"))
 try:
     BLK_BWD = tuple(int(t) for t in os.environ.get("FALCON_TRITON_2_BLK_BWD", "8,0").split(","))
     assert len(BLK_BWD) == 2 and BLK_BWD[0] in (1, 2, 4, 8, 16) and BLK_BWD[1] in (0, 16, 32, 64, 128)
@@ -60,9 +66,9 @@ except (ValueError, AssertionError):
 
 
 # The solve's own gradients (pass 1 of _pcd_bwd_solve): "blocked" (_pcd_bwd_solve_blk, 16-row sub-blocks with
-# tensor-core dots off the diagonal: ours, interpreter-tested; on the H200 rows 1, 7, 10, 11, 17, 20 of Falcon-2's check
-# passed with it on 2026-12-03, the whole sweep not yet run, so opt-in) or "exact" (the [C, C, 4] broadcast, proven).
-BWD_SOLVE = env_choice("FALCON_TRITON_2_BWD_SOLVE", "exact", ("exact", "blocked"))
+# tensor-core dots off the diagonal, ours; the default since 2026-12-03, proven with SOLVE="fwd" in the sweep above) or
+# "exact" (the [C, C, 4] broadcast, proven 2026-12-02, the default before).
+BWD_SOLVE = env_choice("FALCON_TRITON_2_BWD_SOLVE", "blocked", ("exact", "blocked"))
 
 
 @triton.jit

@@ -35,14 +35,13 @@ benchmarks/results/h200_logs/kernels_2026-12-03b/call3_c2485d2/check_banded3a_sw
 Timed in the full `bench kernels` of that commit (benchmarks/results/kernels_h200.json, public op, bf16): fwd+bwd
 3.13 / 3.53 / 3.62 / 5.93 ms against the W scans' 4.60 / 5.56 / 5.45 / 10.53 ms (0.56-0.68x) at (16, 2048, 12, 64),
 (4, 8192, 12, 64), (16, 2048, 6, 128), (1, 32768, 6, 128), at lower peak memory (985 vs 1278 MB at K = 64).
-FALCON_TRITON_3A_BWD=rowsum (opt-in, ours; see WL_BWD) drops _wl_bwd_main's in-loop q·S dot: the read-out's row sum
-comes from the dq accumulator after the value loop, as chunk.py's BWD_MAIN=rowsum does for Falcon-1 (fewer spills
-offline); FALCON_TRITON_3A_BWD_BV (opt-in) sets its value block apart from the forward's.
+Its backward's _wl_bwd_main takes the read-out's row sum from the dq accumulator after the value loop (ours, as
+chunk.py's BWD_MAIN=rowsum does for Falcon-1; FALCON_TRITON_3A_BWD=rowsum, the default since 2026-12-03, `=dots` the
+kernel proven before) with its own value block of 32 (FALCON_TRITON_3A_BWD_BV); see WL_BWD for the H200 proof and
+timings (fwd+bwd 0.75x of the "dots" kernel at (16, 2048, 12, 64), same call).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -52,20 +51,25 @@ from .common import _empty, _np2, _prec, _stages, _state_get, _state_init, _stat
 from .host import env_choice
 
 BW = 16  # the carried-pairs tile (W - 1 <= 15 rows used)
-# _wl_bwd_main's read-out row sum d_ur_i ∋ e^{ur_i} Σ_v dO_iv (q_i S)_v (ours, as chunk.py's BWD_MAIN): "dots" (the
-# default, the kernel proven on the H200 up to 2026-12-03) forms q·S per value block inside the value loop; "rowsum"
-# (opt-in, not yet run on a GPU) takes it after the loop from the dq accumulator, q_i · (dO_i Sᵀ) (one dot and one
-# [C, BV] fp32 tile fewer per value block), loads q again after the loop and stores dq, dx before the band adjoints.
-# Same sum, different rounding. Offline (sm_90a, Triton 3.6 ptxas -v, bf16, W = 4, 8 warps, both 255 registers):
-# spill stores 920 -> 572 bytes at K = V = 64, C = 64 (smem 69632 -> 61440), 888 -> 268 at K = V = 128, C = 32
-# (110592 -> 94208); W = 16: 4952 -> 1968.
-WL_BWD = env_choice("FALCON_TRITON_3A_BWD", "dots", ("dots", "rowsum"))
-# _wl_bwd_main's value block (ours, opt-in, for measurement): FALCON_TRITON_3A_BWD_BV = 16 / 32 / 64 / 128; unset: the
-# forward's (64 at K <= 64, else 32). Offline (sm_90a, Triton 3.6, bf16, K = V = 64, C = 64, W = 4, 8 warps) BV = 32
-# cut the spill stores from 572 to 120 bytes with "rowsum" (920 to 220 with "dots"; see WL_BWD).
-WL_BWD_BV = os.environ.get("FALCON_TRITON_3A_BWD_BV", "")
-if WL_BWD_BV not in ("", "16", "32", "64", "128"):
-    raise ValueError(f"FALCON_TRITON_3A_BWD_BV must be 16, 32, 64 or 128, got {WL_BWD_BV!r}")
+# _wl_bwd_main's read-out row sum d_ur_i ∋ e^{ur_i} Σ_v dO_iv (q_i S)_v (ours, as chunk.py's BWD_MAIN): "rowsum" (the
+# default since 2026-12-03) takes it after the value loop from the dq accumulator, q_i · (dO_i Sᵀ) (one dot and one
+# [C, BV] fp32 tile fewer per value block), loads q again after the loop and stores dq, dx before the band adjoints;
+# "dots" (the kernel proven on the H200 up to 2026-12-03, the default before) forms q·S per value block inside the
+# loop. Same sum, different rounding. Offline (sm_90a, Triton 3.6 ptxas -v, bf16, W = 4, 8 warps, both 255
+# registers): spill stores 920 -> 572 bytes at K = V = 64, C = 64 (smem 69632 -> 61440), 888 -> 268 at K = V = 128,
+# C = 32 (110592 -> 94208); W = 16: 4952 -> 1968.
+WL_BWD = env_choice("FALCON_TRITON_3A_BWD", "rowsum", ("dots", "rowsum"))
+# _wl_bwd_main's value block (ours): FALCON_TRITON_3A_BWD_BV = 16 / 32 / 64 / 128, default 32 since 2026-12-03 (before:
+# the forward's, 64 at K <= 64, 32 above). Offline (sm_90a, Triton 3.6, bf16, K = V = 64, C = 64, W = 4, 8 warps)
+# BV = 32 cut the spill stores from 572 to 120 bytes with "rowsum" (920 to 220 with "dots").
+# On the H200 (2026-12-03 at 12b0470, benchmarks/results/h200_logs/kernels_2026-12-03d/): "rowsum" passed rows 1-25
+# of `bench check --variants 3A` (every row the banded scan implements: core bf16/fp32 K = V = 16/64/128 at every
+# chunk size, the public op with continuation, CUDA-graph decode) at the forward's value block, and with BV = 32 the
+# 16 quick rows (K = 16/64/128, bf16 and fp32, varlen continuation, decode, native varlen); fwd+bwd of the public op
+# with "rowsum" and BV = 32: 2.37 / 5.25 / 2.71 / 2.93 ms at (16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64),
+# (16, 2048, 6, 128), against 3.18 ms with "dots" at the first shape in the same call (the other shapes' "dots" run
+# was cut by its time limit; the previous session's full table had 5.92 / 3.46 / 3.63 ms there).
+WL_BWD_BV = env_choice("FALCON_TRITON_3A_BWD_BV", "32", ("16", "32", "64", "128"))
 
 
 @triton.jit
@@ -450,7 +454,7 @@ def window_linear_backward(q, xw, vw, eta, g, saved, dO, dST, *, read_after, C, 
     DVC = torch.zeros(B * H, NT, BW, V, dtype=f32, device=dev)
     deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
-    BVm = int(WL_BWD_BV) if WL_BWD_BV else BV
+    BVm = int(WL_BWD_BV)
     _wl_bwd_main[(NT, B * H)](q, xw, vw, eta, g, HS, DHS, dO, dq, dxo, dvo, DXC, DVC, deta, dg, T, XT, NT, H, K, V,
                               C, W, BK, BVm, BW, read_after, prec, WL_BWD == "rowsum", num_warps=8, **st)
     return dq, _add_carried(dxo, DXC, xw.dtype, C, W, NT), _add_carried(dvo, DVC, vw.dtype, C, W, NT), deta, dg, DS0
