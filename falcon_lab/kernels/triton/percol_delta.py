@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (_chunk_rows, _empty, _state_init, _state_put, _state_tile, _varlen_chunk, _varlen_seq,
+from .common import (_chunk_rows, _empty, _prec, _state_init, _state_put, _state_tile, _varlen_chunk, _varlen_seq,
                      cdiv, launch, varlen_args)
 from .host import env_choice
 from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
@@ -54,15 +54,19 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # (_pcd_bwd_state_blk) gave every gradient through dH wrong at K = 128, C = 64 bf16 (also at 4 warps, where its fp32
 # rows pass and compute-sanitizer memcheck finds nothing at fp32 K = 64, C = 64) and read shared or local memory out
 # of range at fp32 K = 64, C = 64 at 8 warps (in _bwd_solve_blocked's loop over sub-blocks, last first): "blocked"
-# runs on CUDA only with FALCON_TRITON_UNPROVEN=1. FALCON_TRITON_2_BLK_BWD="warps,bv" sets the launch of that reverse
-# kernel (default "8,0": 8 warps, the pass's value tile) for the experiments that isolate it.
+# runs on CUDA only with FALCON_TRITON_UNPROVEN=1. FALCON_TRITON_2_BLK_BWD="warps,bv[,f32]" sets the launch of that
+# reverse kernel (default "8,0": 8 warps, the pass's value tile) for the experiments that isolate it; ",f32" (ours,
+# interpreter-tested, not yet on a GPU) runs its blocked transposed solve's dots on fp32 operands (the key tile cast up,
+# fp32 dot precision) also for 16-bit inputs, as its fp32 builds, which pass on the H200, do.
 SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "fwd", ("rows", "fwd", "blocked"))
 try:
-    BLK_BWD = tuple(int(t) for t in os.environ.get("FALCON_TRITON_2_BLK_BWD", "8,0").split(","))
-    assert len(BLK_BWD) == 2 and BLK_BWD[0] in (1, 2, 4, 8, 16) and BLK_BWD[1] in (0, 16, 32, 64, 128)
+    _blk = os.environ.get("FALCON_TRITON_2_BLK_BWD", "8,0").split(",")
+    assert len(_blk) in (2, 3) and (len(_blk) == 2 or _blk[2] == "f32")
+    BLK_BWD = (int(_blk[0]), int(_blk[1]), len(_blk) == 3)  # (warps, value tile or 0, fp32 dots in the solve)
+    assert BLK_BWD[0] in (1, 2, 4, 8, 16) and BLK_BWD[1] in (0, 16, 32, 64, 128)
 except (ValueError, AssertionError):
-    raise ValueError("FALCON_TRITON_2_BLK_BWD must be 'warps,bv' (warps 1-16, a power of two; bv 0 = the pass's "
-                     f"value tile, or 16-128), got {os.environ.get('FALCON_TRITON_2_BLK_BWD')!r}") from None
+    raise ValueError("FALCON_TRITON_2_BLK_BWD must be 'warps,bv' or 'warps,bv,f32' (warps 1-16, a power of two; bv 0 = "
+                     f"the pass's value tile, or 16-128), got {os.environ.get('FALCON_TRITON_2_BLK_BWD')!r}") from None
 
 
 # The solve's own gradients (pass 1 of _pcd_bwd_solve): "blocked" (_pcd_bwd_solve_blk, 16-row sub-blocks with
@@ -376,8 +380,10 @@ def _pcd_fwd_state_blk(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K:
 def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H: tl.constexpr,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr,
-                   PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr, SBS: tl.constexpr):
-    """_pcd_bwd_state with the transposed solves by SBS-row sub-blocks (_bwd_solve_blocked; ours, experimental).
+                   PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr, SBS: tl.constexpr,
+                   F32DOT: tl.constexpr, PREC32: tl.constexpr):
+    """_pcd_bwd_state with the transposed solves by SBS-row sub-blocks (_bwd_solve_blocked; ours, experimental;
+    F32DOT: its dots on fp32 operands at precision PREC32).
     Reverse state pass: dH (the gradient of the state after each chunk), the state part of dU, and
     drhs = (I + L)^{-T} (η ⊙ dU) by backward substitution; the solve's right-hand side reads S, so
     dH gains Xᵀ(-e^{u⁻} ⊙ drhs)."""
@@ -430,7 +436,8 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
         d = eta * (tl.load(DUI + off, mask=vm, other=0.) + dsu)
         tl.store(DRHS + off, d, mask=vm)
         tl.debug_barrier()
-        xd = _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H, K, V, C, BK, BV, SBS, PREC)
+        xd = _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H, K, V, C, BK, BV, SBS,
+                                PREC32 if F32DOT else PREC, F32DOT)
         dH = dH * tl.exp(uC)[None, :] + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(dt), input_precision=PREC) - xd
     if STORE_DS0:
         tl.store(DS0 + bh64 * K * V + soff, dH, mask=smask)
@@ -499,11 +506,12 @@ def _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H: tl.co
 @triton.jit
 def _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SBS: tl.constexpr,
-                       PREC: tl.constexpr):
+                       PREC: tl.constexpr, F32DOT: tl.constexpr):
     """The transposed solve (I + L)ᵀ drhs = d of chunk n (d in DRHS, overwritten by drhs) by SBS-row sub-blocks,
     last first (ours): for s in sub-block a and i in a later one, L[i, s] drhs_i = η_s e^{u_{a1} - u_s} (x_s · Gc)
     with a1 the sub-block's last row and Gc = Σ_i x_i (e^{u⁻_i - u_{a1}} drhs_i)ᵀ, a [K, BV] accumulator.
-    Returns Gc at the chunk start, Xᵀ (e^{u⁻} ⊙ drhs): minus the solve's right-hand side's part of dH."""
+    Returns Gc at the chunk start, Xᵀ (e^{u⁻} ⊙ drhs): minus the solve's right-hand side's part of dH.
+    F32DOT: the key tile cast to fp32 first, so every dot here runs on fp32 operands (at PREC)."""
     j = tl.arange(0, SBS)
     Gc = tl.zeros([BK, BV], dtype=tl.float32)
     NB: tl.constexpr = C // SBS
@@ -511,6 +519,8 @@ def _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H: tl.
         a = NB - 1 - aa
         rows, rmask, tok, _ = _chunk_rows(b, h, n, a * SBS + j, T, T, 0, H, C)
         xa = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+        if F32DOT:
+            xa = xa.to(tl.float32)
         vm = rmask[:, None] & vmask[None, :]
         off = tok[:, None] * V + cv[None, :]
         ea = tl.load(ETA + off, mask=vm, other=0.)
@@ -701,7 +711,8 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     bargs = (q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS, DS0 if DS0 is not None else eta,
              T, NT, H, K, V, C, BK, BVb, read_after, dST is not None, need_ds0, prec, *va)
     if SOLVE == "blocked" and C > 16:
-        _pcd_bwd_state_blk[(cdiv(V, BVb), NS * H)](*bargs, 16, num_warps=BLK_BWD[0], **st)
+        _pcd_bwd_state_blk[(cdiv(V, BVb), NS * H)](*bargs, 16, BLK_BWD[2], _prec(torch.float32, allow_tf32, dev, K, V),
+                                                   num_warps=BLK_BWD[0], **st)
     else:
         _pcd_bwd_state[(cdiv(V, BVb), NS * H)](*bargs, num_warps=8, **st)
     # Falcon-2A's backward with R as the values: dq (final), the read-out and state-update parts of
