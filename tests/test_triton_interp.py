@@ -59,6 +59,13 @@ WL_ROWSUM = [("W3-after", dict(W=3)), ("W4-before-C32", dict(W=4, after=False, C
     W=4, after=False, C=64, T=65, B=1, H=1, K=16, V=80))]
 CASES += [_c(f"F3A-banded-dots-{n}", delta=False, seed=130 + i, fused=True, wl_bwd="dots", **kw)
           for i, (n, kw) in enumerate(WL_ROWSUM)]
+# ... split in two (FALCON_TRITON_3A_BWD=split, opt-in, ours): dA stored, dq and dx per key tile of <= 64 (K = 80: two
+# tiles, the second masked)
+WL_SPLIT = [("W3-after", dict(W=3)), ("W4-before-C32", dict(W=4, after=False, C=32, T=45)), (
+    "W8-C64-K48-V80-strong-decay", dict(W=8, C=64, T=70, B=1, H=1, K=48, V=80, strong=True)), (
+    "W2-before-fp16-K80-V16", dict(W=2, after=False, dtype="float16", B=1, H=1, K=80, V=16))]
+CASES += [_c(f"F3A-banded-split-{n}", delta=False, seed=150 + i, fused=True, wl_bwd="split", **kw)
+          for i, (n, kw) in enumerate(WL_SPLIT)]
 # ... and its value block (FALCON_TRITON_3A_BWD_BV, default 32, ours) at 16 and at 64 (the forward's at K <= 64, the
 # value block of the kernel proven before): several blocks, a masked rest
 CASES.append(_c("F3A-banded-rowsum-bv16-W4-K48-V80", delta=False, W=4, T=40, B=1, H=1, K=48, V=80, seed=140,
@@ -327,7 +334,7 @@ def test_banded_3a_bwd_takes_the_row_sum_off_the_accumulator_by_default():
     if "FALCON_TRITON_3A_BWD" not in os.environ:
         assert wl.WL_BWD == "rowsum"
     out = import_with("falcon_lab.kernels.triton.window_linear", FALCON_TRITON_3A_BWD="row")
-    want = "FALCON_TRITON_3A_BWD must be 'dots' or 'rowsum', got 'row'"
+    want = "FALCON_TRITON_3A_BWD must be 'dots', 'rowsum' or 'split', got 'row'"
     assert out.returncode != 0 and want in out.stderr
     if "FALCON_TRITON_3A_BWD_BV" not in os.environ:
         assert wl.WL_BWD_BV == "32"

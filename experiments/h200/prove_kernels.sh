@@ -38,6 +38,8 @@
 #   f2iso      experiments/h200/f2_isolate.sh: the blocked ways one at a time on Falcon-2's rows that failed;
 #   f3gather_rest  rows 24-29 of Falcon-3-gather's sweep;
 #   wl3a       the banded 3A's _wl_bwd_main with FALCON_TRITON_3A_BWD=rowsum (and _BV=32): checks, then timings;
+#   wl3a_split the banded 3A's backward split in two (FALCON_TRITON_3A_BWD=split): rows 1-25 of 3A, then falcon-1A and
+#              -3A timed with rowsum (the default) and split, one process each;
 #   stages     chunk.py's state passes at FALCON_TRITON_STATE_STAGES=$STAGES_TRY (default 4): quick rows, then timings;
 #   bwdmain    chunk.py's backward with FALCON_TRITON_BWD_MAIN=$BWD_MAIN_TRY (default split): sweeps, then timings
 #              against the default (rowsum, proven this way on 2026-12-03 as steps rowsum_*);
@@ -178,6 +180,12 @@ cstep wl3a_check 300 env FALCON_TRITON_3A_BWD=rowsum python3 -m falcon_lab.bench
   --out "$W/check_wl3a_rowsum"
 cstep wl3a_bv32_check 300 env FALCON_TRITON_3A_BWD=rowsum FALCON_TRITON_3A_BWD_BV=32 python3 -m falcon_lab.bench \
   check --quick --variants 3A --out "$W/check_wl3a_rowsum_bv32"
+# wl3a_split: _wl_bwd_main without its dq/dx accumulators (dA stored) and _wl_bwd_dqdx per key tile (opt-in since
+# 2026-12-03, twelfth session; offline sm_90a: _wl_bwd_main's spill stores 120 -> 8 B at K = V = 64, C = 64 and
+# 268 -> 80 B at K = V = 128, C = 32; _wl_bwd_dqdx 167 / 129 registers at 4 warps, no spill)
+want wl3a_split && STEPS="$STEPS wl3a_split_check wl3a_split_time"
+cstep wl3a_split_check 300 env FALCON_TRITON_3A_BWD=split python3 -m falcon_lab.bench check --variants 3A \
+  --rows 1-25 --out "$W/check_wl3a_split"
 warm_cmd() {
   python3 -c 'from falcon_lab.benchmarking.kernels import OPS, SHAPES
 for o in OPS:
@@ -204,6 +212,8 @@ falcon-3A-scans,fla_chunk_delta_rule} --out $W/kernels_bwdmain_\$m; done"
 step stages_time 240 bash -c "for m in default $SGT; do FALCON_TRITON_STATE_STAGES=\$([ \$m = default ] || echo \$m) \
   TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=$PWD/.tcache python3 -m falcon_lab.bench kernels --ops \
   falcon-1,falcon-1A,fla_chunk_delta_rule --out $W/kernels_stages_\$m; done"
+step wl3a_split_time 150 bash -c "for m in rowsum split; do FALCON_TRITON_3A_BWD=\$m python3 -m falcon_lab.bench \
+  kernels --ops falcon-1A,falcon-3A --out $W/kernels_wl3a_\$m; done"
 step wl3a_time 240 bash -c "for m in dots: rowsum: rowsum:32; do FALCON_TRITON_3A_BWD=\${m%:*} \
   FALCON_TRITON_3A_BWD_BV=\${m#*:} python3 -m falcon_lab.bench kernels --ops falcon-1A,falcon-3A \
   --out $W/kernels_wl3a_\${m%:*}\${m#*:}; done"

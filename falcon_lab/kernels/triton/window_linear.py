@@ -39,6 +39,8 @@ Its backward's _wl_bwd_main takes the read-out's row sum from the dq accumulator
 chunk.py's BWD_MAIN=rowsum does for Falcon-1; FALCON_TRITON_3A_BWD=rowsum, the default since 2026-12-03, `=dots` the
 kernel proven before) with its own value block of 32 (FALCON_TRITON_3A_BWD_BV); see WL_BWD for the H200 proof and
 timings (fwd+bwd 0.75x of the "dots" kernel at (16, 2048, 12, 64), same call).
+FALCON_TRITON_3A_BWD=split (opt-in, ours, interpreter-tested, not yet on a GPU) runs it as two kernels: _wl_bwd_main
+without its dq / dx accumulators (it stores dA = dP ⊙ M) and _wl_bwd_dqdx per key tile.
 """
 
 from __future__ import annotations
@@ -58,7 +60,11 @@ BW = 16  # the carried-pairs tile (W - 1 <= 15 rows used)
 # loop. Same sum, different rounding. Offline (sm_90a, Triton 3.6 ptxas -v, bf16, W = 4, 8 warps, both 255
 # registers): spill stores 920 -> 572 bytes at K = V = 64, C = 64 (smem 69632 -> 61440), 888 -> 268 at K = V = 128,
 # C = 32 (110592 -> 94208); W = 16: 4952 -> 1968.
-WL_BWD = env_choice("FALCON_TRITON_3A_BWD", "rowsum", ("dots", "rowsum"))
+# "split" (ours, opt-in, not yet on a GPU): _wl_bwd_main keeps the in-loop q·S dots but drops its three [C, BK]
+# accumulators (dq, dx own, dx carried): it stores dA = dP ⊙ M (own [C, C], carried [C, BW], fp32) instead, and
+# _wl_bwd_dqdx forms dq and dx per key tile of at most 64 in a value loop of three dots (as chunk.py's
+# BWD_MAIN=split does for Falcon-1, which took its op -16 to -17 % at K = 64 on the H200).
+WL_BWD = env_choice("FALCON_TRITON_3A_BWD", "rowsum", ("dots", "rowsum", "split"))
 # _wl_bwd_main's value block (ours): FALCON_TRITON_3A_BWD_BV = 16 / 32 / 64 / 128, default 32 since 2026-12-03 (before:
 # the forward's, 64 at K <= 64, 32 above). Offline (sm_90a, Triton 3.6, bf16, K = V = 64, C = 64, W = 4, 8 warps)
 # BV = 32 cut the spill stores from 572 to 120 bytes with "rowsum" (920 to 220 with "dots").
@@ -261,10 +267,12 @@ def _wl_store_dqdx(DQ, DX, DXC, tok, otok, cbase, c, ck, km, ckm, dq, dxo, dxc, 
 
 
 @triton.jit
-def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG, T, XT, NT,
+def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG, DAO, DAC, T, XT, NT,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, BWc: tl.constexpr, READ_AFTER: tl.constexpr,
-                 PREC: tl.constexpr, ROWSUM: tl.constexpr):
+                 PREC: tl.constexpr, ROWSUM: tl.constexpr, SPLIT: tl.constexpr):
+    """The banded scan's backward per chunk: dv, dη, d log γ, and dq, dx (or, SPLIT, the band-weighted dP ⊙ M
+    in DAO/DAC for _wl_bwd_dqdx, which forms dq and dx)."""
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -319,7 +327,8 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
         if not ROWSUM:
             qS = tl.dot(q, Sd, input_precision=PREC)
             d_ur += tl.exp(ur) * tl.sum(do.to(tl.float32) * qS, 1)
-        dq += tl.dot(do, tl.trans(Sd), input_precision=PREC)
+        if not SPLIT:
+            dq += tl.dot(do, tl.trans(Sd), input_precision=PREC)
         duC += tl.sum(tl.sum(dH * S, 1), 0) * tl.exp(uC)
         xoG = tl.dot(xo, dHd, input_precision=PREC)
         xcG = tl.dot(xc, dHd, input_precision=PREC)
@@ -327,8 +336,9 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
         vcf = vc.to(tl.float32)
         dmo += tl.sum(xoG * vof, 1)
         dmc += tl.sum(xcG * vcf, 1)
-        dxo += tl.dot((vof * mo[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
-        dxc += tl.dot((vcf * mc[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
+        if not SPLIT:
+            dxo += tl.dot((vof * mo[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
+            dxc += tl.dot((vcf * mc[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
         dvo = tl.dot(PoT, do, input_precision=PREC) + xoG * mo[:, None]
         dvc = tl.dot(PcT, do, input_precision=PREC) + xcG * mc[:, None]
         tl.store(DV + otok[:, None] * V + cv[None, :], dvo.to(DV.dtype.element_ty), mask=vm)
@@ -341,10 +351,14 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
         # q loaded again rather than kept live across the loop (ours: fewer spills offline, see WL_BWD)
         q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
         d_ur += tl.exp(ur) * tl.sum(q.to(tl.float32) * dq, 1)
-    dq = dq * tl.exp(ur)[:, None] + tl.dot(dAo.to(dt), xo, input_precision=PREC) \
-        + tl.dot(dAc.to(dt), xc, input_precision=PREC)
-    dxo += tl.trans(tl.dot(tl.trans(q), dAo.to(dt), input_precision=PREC))
-    dxc += tl.trans(tl.dot(tl.trans(q), dAc.to(dt), input_precision=PREC))
+    if SPLIT:  # dA for _wl_bwd_dqdx (ours)
+        tl.store(DAO + (cbase // BWc * C + i)[:, None] * C + i[None, :], dAo)
+        tl.store(DAC + (cbase // BWc * C + i)[:, None] * BWc + c[None, :], dAc)
+    else:
+        dq = dq * tl.exp(ur)[:, None] + tl.dot(dAo.to(dt), xo, input_precision=PREC) \
+            + tl.dot(dAc.to(dt), xc, input_precision=PREC)
+        dxo += tl.trans(tl.dot(tl.trans(q), dAo.to(dt), input_precision=PREC))
+        dxc += tl.trans(tl.dot(tl.trans(q), dAc.to(dt), input_precision=PREC))
     dMo = dPo * tl.dot(q, tl.trans(xo), input_precision=PREC)
     dMc = dPc * tl.dot(q, tl.trans(xc), input_precision=PREC)
     if ROWSUM:  # dq, dx are final here: stored before the band adjoints, not kept live through them (ours)
@@ -389,10 +403,60 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
     dg = tl.cumsum(d_u, 0, reverse=True)
     if not READ_AFTER:
         dg -= d_ur
-    if not ROWSUM:
+    if not ROWSUM and not SPLIT:
         _wl_store_dqdx(DQ, DX, DXC, tok, otok, cbase, c, ck, km, ckm, dq, dxo, dxc, K)
     tl.store(DETA + tok, d_eta, mask=rmask)
     tl.store(DG + tok, dg, mask=rmask)
+
+
+@triton.jit
+def _wl_bwd_dqdx(Q, XW, VW, ETA, G, HS, DHS, DO, DAO, DAC, DQ, DX, DXC, T, XT, NT, H: tl.constexpr,
+                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, W: tl.constexpr, BK: tl.constexpr,
+                 BV: tl.constexpr, BWc: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+    """dq and dx of chunk n for key tile kt (FALCON_TRITON_3A_BWD=split, ours): dq = e^{ur} dO Sᵀ + dA_o X_o + dA_c X_c,
+    dx_own = (m_o ⊙ V_o) dHᵀ + dA_oᵀ Q, dx_car = (m_c ⊙ V_c) dHᵀ + dA_cᵀ Q, with dA from _wl_bwd_main."""
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    kt = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    c = tl.arange(0, BWc)
+    ck = kt * BK + tl.arange(0, BK)
+    kmask = ck < K
+    rmask, tok, g, u, ur = _chunk_vecs(G, b, h, n, i, T, H, C, READ_AFTER)
+    eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
+    uC = tl.sum(g, 0)
+    mo, mc, w = _state_weights(G, ETA, b, h, n, i, c, g, eta, u, uC, T, H, C, W, BWc)
+    otok, ctok, cm = _pair_rows(b, h, n, i, c, XT, H, C, W)
+    km = rmask[:, None] & kmask[None, :]
+    ckm = cm[:, None] & kmask[None, :]
+    dt = Q.dtype.element_ty
+    dq = tl.zeros([C, BK], dtype=tl.float32)
+    dxo = tl.zeros([C, BK], dtype=tl.float32)
+    dxc = tl.zeros([BWc, BK], dtype=tl.float32)
+    hbase = (bh.to(tl.int64) * NT + n) * K * V
+    cbase = (bh.to(tl.int64) * NT + n) * BWc
+    for vb in range(0, tl.cdiv(V, BV)):
+        cv = vb * BV + tl.arange(0, BV)
+        vmask = cv < V
+        soff = ck[:, None] * V + cv[None, :]
+        smask = kmask[:, None] & vmask[None, :]
+        Sd = tl.load(HS + hbase + soff, mask=smask, other=0.).to(dt)
+        dHd = tl.load(DHS + hbase + soff, mask=smask, other=0.).to(dt)
+        do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=rmask[:, None] & vmask[None, :], other=0.).to(dt)
+        vo, vc = _load_pairs(VW, otok, ctok, rmask, cm, cv, vmask, V)
+        dq += tl.dot(do, tl.trans(Sd), input_precision=PREC)
+        dxo += tl.dot((vo.to(tl.float32) * mo[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
+        dxc += tl.dot((vc.to(tl.float32) * mc[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
+    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    xo, xc = _load_pairs(XW, otok, ctok, rmask, cm, ck, kmask, K)
+    dAo = tl.load(DAO + (cbase // BWc * C + i)[:, None] * C + i[None, :]).to(dt)
+    dAc = tl.load(DAC + (cbase // BWc * C + i)[:, None] * BWc + c[None, :]).to(dt)
+    dq = dq * tl.exp(ur)[:, None] + tl.dot(dAo, xo, input_precision=PREC) + tl.dot(dAc, xc, input_precision=PREC)
+    dxo += tl.trans(tl.dot(tl.trans(q), dAo, input_precision=PREC))
+    dxc += tl.trans(tl.dot(tl.trans(q), dAc, input_precision=PREC))
+    _wl_store_dqdx(DQ, DX, DXC, tok, otok, cbase, c, ck, km, ckm, dq, dxo, dxc, K)
 
 
 def chunk_for(K: int, C: int) -> int:
@@ -455,8 +519,16 @@ def window_linear_backward(q, xw, vw, eta, g, saved, dO, dST, *, read_after, C, 
     deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
     BVm = int(WL_BWD_BV)
-    _wl_bwd_main[(NT, B * H)](q, xw, vw, eta, g, HS, DHS, dO, dq, dxo, dvo, DXC, DVC, deta, dg, T, XT, NT, H, K, V,
-                              C, W, BK, BVm, BW, read_after, prec, WL_BWD == "rowsum", num_warps=8, **st)
+    split = WL_BWD == "split"
+    DAO = torch.empty(B * H, NT, C, C, dtype=f32, device=dev) if split else eta
+    DAC = torch.empty(B * H, NT, C, BW, dtype=f32, device=dev) if split else eta
+    _wl_bwd_main[(NT, B * H)](q, xw, vw, eta, g, HS, DHS, dO, dq, dxo, dvo, DXC, DVC, deta, dg, DAO, DAC, T, XT, NT,
+                              H, K, V, C, W, BK, BVm, BW, read_after, prec, WL_BWD == "rowsum", split, num_warps=8,
+                              **st)
+    if split:
+        BKq = min(BK, 64)
+        _wl_bwd_dqdx[(NT, B * H, cdiv(K, BKq))](q, xw, vw, eta, g, HS, DHS, dO, DAO, DAC, dq, dxo, DXC, T, XT, NT, H,
+                                                K, V, C, W, BKq, BVm, BW, read_after, prec, num_warps=4, **st)
     return dq, _add_carried(dxo, DXC, xw.dtype, C, W, NT), _add_carried(dvo, DVC, vw.dtype, C, W, NT), deta, dg, DS0
 
 
