@@ -122,7 +122,7 @@ CASES.append(_c("F2-solve-blocked-C64-strong-decay", delta=True, per_col=True, C
 CASES.append(_c("F2-solve-blocked-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20,
                 seed=18, solve="blocked"))
 CASES.append(_c("F2-solve-blocked-f32dot-fp16-C64-K48-V80", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=48,
-                V=80, dtype="float16", seed=24, solve="blocked", blk_bwd=[4, 0, True]))
+                V=80, dtype="float16", seed=24, solve="blocked", blk_bwd=[4, 0, True, True]))
 CASES.append(_c("F2-rows-exact-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20,
                 seed=18, solve="rows", bwd_solve="exact"))
 CASES.append(_c("F2-exact-fp16-C64-K48-V80", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=48, V=80,

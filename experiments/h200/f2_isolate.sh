@@ -13,20 +13,25 @@
 #   blk_w4       ..._SOLVE=blocked ..._BLK_BWD=4,0             the failing reverse pass at 4 warps
 #   blk_bv16     ..._SOLVE=blocked ..._BLK_BWD=8,16            ... at 8 warps with 16-column value tiles
 #   blk_w4_bv16  ..._SOLVE=blocked ..._BLK_BWD=4,16            ... both
+#   blk_w4_s1    ..._SOLVE=blocked ..._BLK_BWD=4,0,s1          at 4 warps and one pipeline stage (as fp32 builds)
 #   blk_w4_f32   ..._SOLVE=blocked ..._BLK_BWD=4,0,f32         at 4 warps, its transposed solve's dots on fp32 operands
-#   blk_f32      ..._SOLVE=blocked ..._BLK_BWD=8,0,f32         ... at 8 warps
+#   blk_w4_f32_s1 ..._BLK_BWD=4,0,f32,s1                       both
+#   blk_s1       ..._SOLVE=blocked ..._BLK_BWD=8,0,s1          one stage at 8 warps
 # then compute-sanitizer memcheck on each blocked way that failed, at $F2ISO_MEMCHECK (default bf16 K = 128, C = 64,
 # the shape whose gradients were wrong at 4 warps on 2026-12-03 at 12b0470; fp32 K = 64, C = 64, which faulted at 8
 # warps on 2026-12-03 at 5e0a3b1, was clean at 4 warps and with 16-column tiles: "--dtype float32 --K 64").
 # Results of 2026-12-03 (12b0470, kernels_2026-12-03d/call2/f2iso/): fwd and fwd_bwdblk pass all six rows; blk_w4
 # fails rows 1, 10 (bf16 K = 128: dx, dv, deta, dg ~0.4 off) and passes the fp32 rows; memcheck clean at fp32 K = 64.
+# fp32 launches compile with one pipeline stage (common._stages), 16-bit ones with Triton's 3: hence the s1 ways.
 set -u
 O=${1:?usage: f2_isolate.sh OUTDIR}; mkdir -p "$O"
 ROWS=${F2ISO_ROWS:-1,7,10,11,17,20}
 declare -A MODE=([fwd]="fwd exact 8,0" [fwd_bwdblk]="fwd blocked 8,0" [blk_w4]="blocked exact 4,0"
                  [blk_bv16]="blocked exact 8,16" [blk_w4_bv16]="blocked exact 4,16"
-                 [blk_w4_f32]="blocked exact 4,0,f32" [blk_f32]="blocked exact 8,0,f32")
-WAYS=${F2ISO_WAYS:-"blk_w4_f32 blk_f32 blk_w4"}
+                 [blk_w4_f32]="blocked exact 4,0,f32" [blk_f32]="blocked exact 8,0,f32"
+                 [blk_w4_s1]="blocked exact 4,0,s1" [blk_w4_f32_s1]="blocked exact 4,0,f32,s1"
+                 [blk_s1]="blocked exact 8,0,s1")
+WAYS=${F2ISO_WAYS:-"blk_w4_s1 blk_w4_f32 blk_w4_f32_s1 blk_s1"}
 MEMCHECK=${F2ISO_MEMCHECK:-"--dtype bfloat16 --K 128"}
 for w in $WAYS; do
   set -- ${MODE[$w]}

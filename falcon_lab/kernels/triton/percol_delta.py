@@ -54,19 +54,25 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # (_pcd_bwd_state_blk) gave every gradient through dH wrong at K = 128, C = 64 bf16 (also at 4 warps, where its fp32
 # rows pass and compute-sanitizer memcheck finds nothing at fp32 K = 64, C = 64) and read shared or local memory out
 # of range at fp32 K = 64, C = 64 at 8 warps (in _bwd_solve_blocked's loop over sub-blocks, last first): "blocked"
-# runs on CUDA only with FALCON_TRITON_UNPROVEN=1. FALCON_TRITON_2_BLK_BWD="warps,bv[,f32]" sets the launch of that
-# reverse kernel (default "8,0": 8 warps, the pass's value tile) for the experiments that isolate it; ",f32" (ours,
-# interpreter-tested, not yet on a GPU) runs its blocked transposed solve's dots on fp32 operands (the key tile cast up,
-# fp32 dot precision) also for 16-bit inputs, as its fp32 builds, which pass on the H200, do.
+# runs on CUDA only with FALCON_TRITON_UNPROVEN=1. FALCON_TRITON_2_BLK_BWD="warps,bv[,f32][,s1]" sets the launch of
+# that reverse kernel (default "8,0": 8 warps, the pass's value tile) for the experiments that isolate it (ours, not yet
+# on a GPU): ",f32" runs its blocked transposed solve's dots on fp32 operands (the key tile cast up, fp32 dot precision)
+# also for 16-bit inputs, ",s1" compiles it with one pipeline stage for 16-bit inputs too. Both are what its fp32 builds
+# do (fp32 launches keep one stage, common._stages). On the H200 (2026-12-03, 12b0470, kernels_2026-12-03d) at 4 warps
+# every fp32 row passed (value tiles 16, 32, 64) while bf16 failed at K = 128 (tile 32 or 16) and at K = 64 with tile
+# 16 (passed with 64); at 8 warps fp32 read out of range (K = 64, tile 64; K = 128, tile 16). Triton's software
+# pipelining of the solve's loads (3 stages for 16-bit inputs) is our suspect for the bf16 failures, unconfirmed.
 SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "fwd", ("rows", "fwd", "blocked"))
 try:
     _blk = os.environ.get("FALCON_TRITON_2_BLK_BWD", "8,0").split(",")
-    assert len(_blk) in (2, 3) and (len(_blk) == 2 or _blk[2] == "f32")
-    BLK_BWD = (int(_blk[0]), int(_blk[1]), len(_blk) == 3)  # (warps, value tile or 0, fp32 dots in the solve)
+    assert len(_blk) >= 2 and set(_blk[2:]) <= {"f32", "s1"} and len(set(_blk[2:])) == len(_blk) - 2
+    # (warps, value tile or 0, fp32 dots in the solve, one pipeline stage)
+    BLK_BWD = (int(_blk[0]), int(_blk[1]), "f32" in _blk[2:], "s1" in _blk[2:])
     assert BLK_BWD[0] in (1, 2, 4, 8, 16) and BLK_BWD[1] in (0, 16, 32, 64, 128)
 except (ValueError, AssertionError):
-    raise ValueError("FALCON_TRITON_2_BLK_BWD must be 'warps,bv' or 'warps,bv,f32' (warps 1-16, a power of two; bv 0 = "
-                     f"the pass's value tile, or 16-128), got {os.environ.get('FALCON_TRITON_2_BLK_BWD')!r}") from None
+    raise ValueError("FALCON_TRITON_2_BLK_BWD must be 'warps,bv' with optional ',f32' and ',s1' (warps 1-16, a power "
+                     "of two; bv 0 = the pass's value tile, or 16-128), got "
+                     f"{os.environ.get('FALCON_TRITON_2_BLK_BWD')!r}") from None
 
 
 # The solve's own gradients (pass 1 of _pcd_bwd_solve): "blocked" (_pcd_bwd_solve_blk, 16-row sub-blocks with
@@ -712,7 +718,8 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
              T, NT, H, K, V, C, BK, BVb, read_after, dST is not None, need_ds0, prec, *va)
     if SOLVE == "blocked" and C > 16:
         _pcd_bwd_state_blk[(cdiv(V, BVb), NS * H)](*bargs, 16, BLK_BWD[2], _prec(torch.float32, allow_tf32, dev, K, V),
-                                                   num_warps=BLK_BWD[0], **st)
+                                                   num_warps=BLK_BWD[0], **({**st, "num_stages": 1} if BLK_BWD[3]
+                                                                            else st))
     else:
         _pcd_bwd_state[(cdiv(V, BVb), NS * H)](*bargs, num_warps=8, **st)
     # Falcon-2A's backward with R as the values: dq (final), the read-out and state-update parts of
