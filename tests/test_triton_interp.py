@@ -300,62 +300,42 @@ def test_packed_sequences_run_natively_and_match_float64(results, case):
     assert varlen_judge(res, lambda errs: all(e <= lim for e in errs.values())), res
 
 
-def test_the_blocked_intra_chunk_term_is_the_default():
-    """The blocked intra-chunk term (proven on the H200 and 0.8x the exact broadcast's time there) is the default,
-    FALCON_TRITON_2A=exact keeps the broadcast, and a typo is refused at import, naming the variable."""
-    import falcon_lab.kernels.triton.percol as kp
+# The kernels' switches (read once at import): (module, attribute, variable, default, a typo, what the typo's error
+# says). The defaults are the forms proven on the H200 and measured faster there (see each module); every other
+# choice is interpreter-tested above. None: no default asserted / no typo tried.
+KT = "falcon_lab.kernels.triton."
+SWITCHES = [
+    # the blocked intra-chunk term (0.8x the exact broadcast's time); =exact keeps the broadcast
+    (KT + "percol", "INTRA", "FALCON_TRITON_2A", "blocked", "block",
+     "FALCON_TRITON_2A must be 'exact' or 'blocked', got 'block'"),
+    # _bwd_main's gate-gradient row sums from its accumulators; =dots the in-loop dots, =split three kernels (opt-in)
+    (KT + "chunk", "BWD_MAIN", "FALCON_TRITON_BWD_MAIN", "rowsum", "row",
+     "FALCON_TRITON_BWD_MAIN must be 'rowsum', 'dots' or 'split', got 'row'"),
+    # the banded 3A's read-out row sum off the dq accumulator; =dots the in-loop q·S dots, =split two kernels (opt-in)
+    (KT + "window_linear", "WL_BWD", "FALCON_TRITON_3A_BWD", "rowsum", "row",
+     "FALCON_TRITON_3A_BWD must be 'dots', 'rowsum' or 'split', got 'row'"),
+    # ... with a value block of 32
+    (KT + "window_linear", "WL_BWD_BV", "FALCON_TRITON_3A_BWD_BV", "32", "48",
+     "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),
+    # Falcon-2's forward state pass by sub-blocks; =rows the row substitution, =blocked both passes by blocks
+    (KT + "percol_delta", "SOLVE", "FALCON_TRITON_2_SOLVE", "fwd", "block",
+     "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd' or 'blocked', got 'block'"),
+    # ... and its solve's gradients by sub-blocks; =exact the broadcast
+    (KT + "percol_delta", "BWD_SOLVE", "FALCON_TRITON_2_BWD_SOLVE", "blocked", None, None),
+    # the blocked reverse pass's launch (experiments only)
+    (KT + "percol_delta", "BLK_BWD", "FALCON_TRITON_2_BLK_BWD", None, "3,0",
+     "FALCON_TRITON_2_BLK_BWD must be 'warps,bv'"),
+]
 
-    if "FALCON_TRITON_2A" not in os.environ:
-        assert kp.INTRA == "blocked"
-    out = import_with("falcon_lab.kernels.triton.percol", FALCON_TRITON_2A="block")
-    assert out.returncode != 0 and "FALCON_TRITON_2A must be 'exact' or 'blocked', got 'block'" in out.stderr
 
-
-def test_bwd_main_row_sums_from_the_accumulators_are_the_default():
-    """_bwd_main's gate-gradient row sums from its accumulators (proven on the H200, 2026-12-03) are the default,
-    FALCON_TRITON_BWD_MAIN=dots keeps the in-loop dots (=split: three kernels, opt-in), and a typo is refused at import,
+@pytest.mark.parametrize("module, attr, var, default, typo, msg", SWITCHES, ids=[s[2] for s in SWITCHES])
+def test_kernel_switch_defaults_and_typos(module, attr, var, default, typo, msg):
+    """Each switch defaults to its proven form unless the environment sets it, and a typo is refused at import,
     naming the variable."""
-    import falcon_lab.kernels.triton.chunk as kc
+    import importlib
 
-    if "FALCON_TRITON_BWD_MAIN" not in os.environ:
-        assert kc.BWD_MAIN == "rowsum"
-    out = import_with("falcon_lab.kernels.triton.chunk", FALCON_TRITON_BWD_MAIN="row")
-    want = "FALCON_TRITON_BWD_MAIN must be 'rowsum', 'dots' or 'split', got 'row'"
-    assert out.returncode != 0 and want in out.stderr
-
-
-def test_banded_3a_bwd_takes_the_row_sum_off_the_accumulator_by_default():
-    """The banded Falcon-3A backward takes the read-out row sum from the dq accumulator (FALCON_TRITON_3A_BWD=rowsum)
-    with a value block of 32 unless asked for the in-loop q·S dots (=dots, the kernel proven before, interpreter-tested
-    above) or another block (FALCON_TRITON_3A_BWD_BV), and a typo in either is refused at import, naming the
-    variable."""
-    import falcon_lab.kernels.triton.window_linear as wl
-
-    if "FALCON_TRITON_3A_BWD" not in os.environ:
-        assert wl.WL_BWD == "rowsum"
-    out = import_with("falcon_lab.kernels.triton.window_linear", FALCON_TRITON_3A_BWD="row")
-    want = "FALCON_TRITON_3A_BWD must be 'dots', 'rowsum' or 'split', got 'row'"
-    assert out.returncode != 0 and want in out.stderr
-    if "FALCON_TRITON_3A_BWD_BV" not in os.environ:
-        assert wl.WL_BWD_BV == "32"
-    out = import_with("falcon_lab.kernels.triton.window_linear", FALCON_TRITON_3A_BWD_BV="48")
-    want = "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"
-    assert out.returncode != 0 and want in out.stderr
-
-
-def test_falcon2_blocked_solve_switches_refuse_typos():
-    """Falcon-2's forward state pass and its solve's gradients run by sub-blocks (FALCON_TRITON_2_SOLVE=fwd,
-    FALCON_TRITON_2_BWD_SOLVE=blocked, the pair proven on the H200) unless asked for the row substitution or the
-    broadcast (=rows, =exact) or both passes by blocks (=blocked), all interpreter-tested above, and bad values fail
-    at import, naming the variable."""
-    import falcon_lab.kernels.triton.percol_delta as kpd
-
-    if "FALCON_TRITON_2_SOLVE" not in os.environ:
-        assert kpd.SOLVE == "fwd"
-    if "FALCON_TRITON_2_BWD_SOLVE" not in os.environ:
-        assert kpd.BWD_SOLVE == "blocked"
-    for var, val, msg in (("FALCON_TRITON_2_SOLVE", "block", "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd' or "
-                                                            "'blocked', got 'block'"),
-                          ("FALCON_TRITON_2_BLK_BWD", "3,0", "FALCON_TRITON_2_BLK_BWD must be 'warps,bv'")):
-        out = import_with("falcon_lab.kernels.triton.percol_delta", **{var: val})
+    if default is not None and var not in os.environ:
+        assert getattr(importlib.import_module(module), attr) == default
+    if typo is not None:
+        out = import_with(module, **{var: typo})
         assert out.returncode != 0 and msg in out.stderr, out.stderr[-500:]
