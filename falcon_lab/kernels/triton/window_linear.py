@@ -267,6 +267,13 @@ def _wl_store_dqdx(DQ, DX, DXC, tok, otok, cbase, c, ck, km, ckm, dq, dxo, dxc, 
 
 
 @triton.jit
+def _da_offsets(bh, n, NT, i, c, C: tl.constexpr, BWc: tl.constexpr):
+    """Offsets of chunk n's dA tiles (FALCON_TRITON_3A_BWD=split): own [C, C] in DAO, carried [C, BWc] in DAC."""
+    rows = (bh.to(tl.int64) * NT + n) * C + i
+    return rows[:, None] * C + i[None, :], rows[:, None] * BWc + c[None, :]
+
+
+@triton.jit
 def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG, DAO, DAC, T, XT, NT,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, BWc: tl.constexpr, READ_AFTER: tl.constexpr,
@@ -352,8 +359,9 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
         q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
         d_ur += tl.exp(ur) * tl.sum(q.to(tl.float32) * dq, 1)
     if SPLIT:  # dA for _wl_bwd_dqdx (ours)
-        tl.store(DAO + (cbase // BWc * C + i)[:, None] * C + i[None, :], dAo)
-        tl.store(DAC + (cbase // BWc * C + i)[:, None] * BWc + c[None, :], dAc)
+        oo, oc = _da_offsets(bh, n, NT, i, c, C, BWc)
+        tl.store(DAO + oo, dAo)
+        tl.store(DAC + oc, dAc)
     else:
         dq = dq * tl.exp(ur)[:, None] + tl.dot(dAo.to(dt), xo, input_precision=PREC) \
             + tl.dot(dAc.to(dt), xc, input_precision=PREC)
@@ -451,8 +459,9 @@ def _wl_bwd_dqdx(Q, XW, VW, ETA, G, HS, DHS, DO, DAO, DAC, DQ, DX, DXC, T, XT, N
         dxc += tl.dot((vc.to(tl.float32) * mc[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
     q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
     xo, xc = _load_pairs(XW, otok, ctok, rmask, cm, ck, kmask, K)
-    dAo = tl.load(DAO + (cbase // BWc * C + i)[:, None] * C + i[None, :]).to(dt)
-    dAc = tl.load(DAC + (cbase // BWc * C + i)[:, None] * BWc + c[None, :]).to(dt)
+    oo, oc = _da_offsets(bh, n, NT, i, c, C, BWc)
+    dAo = tl.load(DAO + oo).to(dt)
+    dAc = tl.load(DAC + oc).to(dt)
     dq = dq * tl.exp(ur)[:, None] + tl.dot(dAo, xo, input_precision=PREC) + tl.dot(dAc, xc, input_precision=PREC)
     dxo += tl.trans(tl.dot(tl.trans(q), dAo, input_precision=PREC))
     dxc += tl.trans(tl.dot(tl.trans(q), dAc, input_precision=PREC))
