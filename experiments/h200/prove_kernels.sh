@@ -50,7 +50,7 @@
 #   f3prep     Falcon-3's fused prep (prep_window.py with eig: the Gram, mu_t and the gates in Triton): rows 23-29 of
 #              `bench check --variants 3` with FALCON_TRITON_UNPROVEN=1, then `bench kernels --quick --ops
 #              falcon-1,falcon-3` with the proven default (PyTorch prep + eig.py) and with it;
-#   fla_warm   experiments/h200/fla_warm.py with TRITON_CACHE_AUTOTUNING=1 and TRITON_CACHE_DIR=$PWD/.tcache: fla's
+#   fla_warm   experiments/h200/fla_warm.py with TRITON_CACHE_AUTOTUNING=1 and TRITON_CACHE_DIR=$TC (below): fla's
 #              autotuning cached (the *.autotune.json files are packed) so the next call's default `bench kernels`
 #              fits its 10 minutes.
 # The sixth session's plan (experiments/h200/NEXT.md): call 1 STEPS="f2 prep banded", call 2 STEPS="f3gather fla_warm
@@ -59,6 +59,10 @@
 # summary.txt has one line per step with its exit code.
 set -u
 W=${PROVE_WORK:-/tmp/prove}; mkdir -p "$W"
+# The Triton cache of the steps that name one (warm, kernels_full, timings): machine-local, seeded from the carried
+# .tcache (fla's autotuning). A call that carries .tcache replaces it on the machine, so on 2026-12-03 (thirteenth
+# session) a full run after a warm call compiled everything again and ran out of time; /tmp keeps between calls.
+export TC=${PROVE_TCACHE:-/tmp/falcon_tcache}; mkdir -p "$TC"; [ -d .tcache ] && cp -rn .tcache/. "$TC/"
 DL=${PROVE_DEADLINE_S:-480}
 # The device tool stops a command at 600 s, set-up (device_env.sh, ~20 s) and packing included, and then nothing comes
 # back: on 2026-12-03 a deadline of 545 (+30 s of grace for the last step) lost a whole call's results. Capped here.
@@ -190,7 +194,7 @@ warm_cmd() {
   python3 -c 'from falcon_lab.benchmarking.kernels import OPS, SHAPES
 for o in OPS:
     for i in range(len(SHAPES)): print(o, i)' | xargs -P "${WARM_P:-12}" -n 2 sh -c 'TRITON_CACHE_AUTOTUNING=1 \
-  TRITON_CACHE_DIR=$PWD/.tcache python3 -m falcon_lab.bench kernels --warm --ops $0 \
+  TRITON_CACHE_DIR=$TC python3 -m falcon_lab.bench kernels --warm --ops $0 \
   --shapes $1 2>&1 | tail -2'
 }
 export -f warm_cmd
@@ -207,25 +211,25 @@ step f2solve_time 300 bash -c "for m in \${F2_MODES:-rows:exact fwd:blocked}; do
   FALCON_TRITON_2_BWD_SOLVE=\${m#*:} python3 -m falcon_lab.bench kernels --ops \${F2_OPS:-falcon-1,falcon-2} \
   --out $W/kernels_f2solve_\${m%:*}_\${m#*:}; done"
 step bwdmain_time 240 bash -c "for m in rowsum $TRY; do FALCON_TRITON_BWD_MAIN=\$m TRITON_CACHE_AUTOTUNING=1 \
-  TRITON_CACHE_DIR=$PWD/.tcache python3 -m falcon_lab.bench kernels --ops \${BWD_MAIN_OPS:-falcon-1,falcon-1A,\
+  TRITON_CACHE_DIR=$TC python3 -m falcon_lab.bench kernels --ops \${BWD_MAIN_OPS:-falcon-1,falcon-1A,\
 falcon-3A-scans,fla_chunk_delta_rule} --out $W/kernels_bwdmain_\$m; done"
 step stages_time 240 bash -c "for m in default $SGT; do FALCON_TRITON_STATE_STAGES=\$([ \$m = default ] || echo \$m) \
-  TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=$PWD/.tcache python3 -m falcon_lab.bench kernels --ops \
+  TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=$TC python3 -m falcon_lab.bench kernels --ops \
   falcon-1,falcon-1A,fla_chunk_delta_rule --out $W/kernels_stages_\$m; done"
 step wl3a_split_time 150 bash -c "for m in rowsum split; do FALCON_TRITON_3A_BWD=\$m python3 -m falcon_lab.bench \
   kernels --ops falcon-1A,falcon-3A --out $W/kernels_wl3a_\$m; done"
 step wl3a_time 240 bash -c "for m in dots: rowsum: rowsum:32; do FALCON_TRITON_3A_BWD=\${m%:*} \
   FALCON_TRITON_3A_BWD_BV=\${m#*:} python3 -m falcon_lab.bench kernels --ops falcon-1A,falcon-3A \
   --out $W/kernels_wl3a_\${m%:*}\${m#*:}; done"
-# warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared .tcache (on
+# warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared $TC (on
 # a fresh machine the full run alone spent its 440 s mostly compiling, fla's kernels above all: 2026-12-03 call 2)
 step warm 240 bash -c warm_cmd
 # kernels_full: the default `bench kernels` (every op, the four shapes, fla at each; fla's autotuning from .tcache);
 # no FALCON_TRITON_UNPROVEN since every variant's kernels are proven (it would time Falcon-3's unproven fused prep)
-step kernels_full 440 env TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" \
+step kernels_full 440 env TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$TC" \
   python3 -m falcon_lab.bench kernels --out "$W/kernels_full"
 # profile1: Falcon-1 and fla's chunk_delta_rule at the four shapes with torch.profiler tables (where F1 loses to fla)
-step profile1 300 env TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" \
+step profile1 300 env TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$TC" \
   python3 -m falcon_lab.bench kernels --ops ${PROFILE_OPS:-falcon-1,fla_chunk_delta_rule} --shapes ${PROFILE_SHAPES:-0,1,2,3} \
   --profile --out "$W/profile1"
 step kernels 480 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench kernels --out "$W/kernels" \
@@ -243,8 +247,9 @@ step f3gather_time 200 bash -c "for m in expand gather; do FALCON_TRITON_3=\$m p
 step f2torch 150 python3 -m falcon_lab.bench kernels --quick --out "$W/kernels_f2torch" \
   --ops falcon-2,torch_chunk_falcon-2,falcon-2A,torch_chunk_falcon-2A
 step host 240 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/host_bound.py --out "$W/host_bound"
-step fla_warm 420 env TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache" python3 experiments/h200/fla_warm.py
-case " $STEPS " in *" fla_warm "*) find .tcache -name "*.autotune.json" 2>/dev/null | tar czf "$W/fla_autotune.tgz" -T - ;;
+step fla_warm 420 env TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$TC" python3 experiments/h200/fla_warm.py
+case " $STEPS " in *" fla_warm "*) (cd "$TC" && find . -name "*.autotune.json" | \
+  tar czf "$W/fla_autotune.tgz" --transform "s,^\./,.tcache/," -T -) ;;
 esac
 R=${PROVE_RESULTS:-${OUT:?}/prove.tgz}
 tar czf "$R" -C "$W" .

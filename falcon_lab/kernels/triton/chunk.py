@@ -21,7 +21,7 @@ Every exponent is <= 0 (clamped with min(., 0) against rounding). Kernels:
               _fwd_out   (per chunk: outputs)
     backward: _bwd_dul   (per chunk: dU = Pᵀ dO, the intra-chunk part)
               _bwd_state (reverse sequential: state gradients at chunk ends, full dU, dS0)
-              _bwd_main  (per chunk: dq, dx, dv, dη, dg), or with FALCON_TRITON_BWD_MAIN=split (ours):
+              _bwd_main  (per chunk: dq, dx, dv, dη, dg) with FALCON_TRITON_BWD_MAIN=rowsum/dots, or (default, ours):
               _bwd_cc    (per chunk: dv, dη, M and Gm, the [C, C] gate terms)
               _bwd_dqdx  (per key tile and chunk: dq, dx, the gate row sums of the tile)
               _bwd_gate  (per chunk: dg)
@@ -42,17 +42,21 @@ from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _s
                      state_stages, varlen_args)
 from .host import env_choice
 
-# _bwd_main's three gate-gradient row sums (ours): "rowsum" (the default) takes them from the dq, dx accumulators
-# after the value loop, Σ_v dO_iv (q_i S)_v = q_i · (dO_i Sᵀ) and likewise x_i · (U_i dHᵀ), x_i · (dY_i Sᵀ), so the
-# loop drops its q·S, x·dH and x·S dots (3 of 9) and their [C, BV] fp32 tiles, and q, x load after it; "dots" forms
-# them inside the loop (the kernel proven up to 2026-12-03). Same sums, different rounding. On the H200 (2026-12-03,
-# 5e0a3b1) every row of `bench check` for Falcon-1 and -1A (29 + 29), Falcon-3's quick core rows (10) and every row of
-# Falcon-3A's W scans (29, FALCON_TRITON_3A=scans) passed with "rowsum"; Falcon-1's core fwd+bwd 1.84 -> 1.72,
-# 2.99 -> 2.64, 2.00 -> 1.89, 1.76 -> 1.36 ms at the four benchmark shapes, _bwd_main 0.99 -> 0.85 ms at
-# (16, 2048, 12, 64) (benchmarks/results/h200_logs/kernels_2026-12-03c/). "split" (opt-in, ours, not yet run on a GPU)
-# replaces _bwd_main by _bwd_cc, _bwd_dqdx and _bwd_gate (below: the same math, at most three fp32 accumulators live
-# in each value loop, 4 warps, fla-style), aimed at _bwd_main's 255 registers and one 8-warp block per SM.
-BWD_MAIN = env_choice("FALCON_TRITON_BWD_MAIN", "rowsum", ("rowsum", "dots", "split"))
+# _bwd_main's backward form (ours): "split" (the default since 2026-12-03) replaces _bwd_main by _bwd_cc, _bwd_dqdx
+# and _bwd_gate (below: the same math, at most three fp32 accumulators live in each value loop, 4 warps, fla-style);
+# "rowsum" is _bwd_main with its three gate-gradient row sums taken from the dq, dx accumulators after the value loop,
+# Σ_v dO_iv (q_i S)_v = q_i · (dO_i Sᵀ) and likewise x_i · (U_i dHᵀ), x_i · (dY_i Sᵀ), so the loop drops its q·S, x·dH
+# and x·S dots (3 of 9) and their [C, BV] fp32 tiles (the default from 2026-12-03 at 5e0a3b1 to this change); "dots"
+# forms them inside the loop (the kernel proven up to 5e0a3b1). Same sums, different rounding.
+# On the H200 every row of `bench check` for Falcon-1 and -1A (29 + 29: 12b0470 and c84b0ad), Falcon-3's quick core
+# rows and Falcon-3A's W scans (13) passed with "split"; Falcon-1's public op fwd+bwd, rowsum -> split in one call
+# (c84b0ad, one process each): 1.85 -> 1.53 ms at (16, 2048, 12, 64), 2.03 -> 1.70 at (4, 8192, 12, 64), unchanged at
+# K = V = 128 (2.75 / 2.77, 1.49 / 1.49), peak +107 MB at K = 64 and +56 MB at K = 128 (its fp32 scratch). Falcon-1A's
+# core fwd+bwd over that day's processes, rowsum vs split: 1.06 (x3) vs 0.92 (x2) ms at (4, 8192, 12, 64), 2.27 vs
+# 2.24 at (1, 32768, 6, 128), 0.82-1.12 vs 0.71-1.13 at (16, 2048, 12, 64), but 1.01-1.02 (x3) vs 1.22-1.24 (x2) at
+# (16, 2048, 6, 128): a K-dependent choice is the next thing to time in one process
+# (benchmarks/results/h200_logs/kernels_2026-12-03e/README.md).
+BWD_MAIN = env_choice("FALCON_TRITON_BWD_MAIN", "split", ("rowsum", "dots", "split"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -652,8 +656,8 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
 
 
 # ------------------------------------------------------------------------------------------------
-# backward, split (FALCON_TRITON_BWD_MAIN=split, ours): _bwd_main's work in three kernels, each with at most three
-# fp32 accumulators live in its value loop (fla's chunk_bwd_kernel_dqkwg keeps <= 4 at 4 warps):
+# backward, split (FALCON_TRITON_BWD_MAIN=split, the default, ours): _bwd_main's work in three kernels, each with at
+# most three fp32 accumulators live in its value loop (fla's chunk_bwd_kernel_dqkwg keeps <= 4 at 4 warps):
 #   _bwd_cc   (chunks x B·H): the [C, C] adjoints DOU = dO Uᵀ and (delta) dL = -dY Rᵀ over the value blocks, with
 #             dY = Aᵀ(η dU) -> dv and dη; after the loop q·xᵀ, x·xᵀ (all of K) give the gate terms Z, Ψ, their row /
 #             column sums, and M = DOU ⊙ Er, Gm = dL ⊙ Eb η (input dtype, exactly the operands _bwd_main casts) to
