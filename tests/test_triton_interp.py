@@ -111,8 +111,9 @@ CASES.append(_c("F2-K48-V80-before", delta=True, per_col=True, after=False, T=50
 # Falcon-2's per-column solves (ours): the cases above run the defaults (the forward state pass by 16-row sub-blocks,
 # FALCON_TRITON_2_SOLVE=fwd, and the solve's own gradients by sub-blocks, FALCON_TRITON_2_BWD_SOLVE=blocked; C = 16
 # keeps the broadcast); here the row substitution and the broadcast proven before (=rows, =exact), both passes by
-# sub-blocks (=blocked, on CUDA only with FALCON_TRITON_UNPROVEN=1; its transposed solve's dots on fp32 operands with
-# FALCON_TRITON_2_BLK_BWD=4,0,f32), and the broadcast under the blocked forward
+# sub-blocks (=blocked, on CUDA only with FALCON_TRITON_UNPROVEN=1; every dot of its reverse pass on fp32 operands, the
+# transposed solve's among them, with FALCON_TRITON_2_BLK_BWD=4,32,x32,s1: three value tiles here, as in the bf16
+# builds that fail on the H200), and the broadcast under the blocked forward
 CASES.append(_c("F2-rows-exact-C64-strong-decay", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
                 strong=True, seed=19, solve="rows", bwd_solve="exact"))
 CASES.append(_c("F2-rows-exact-fp16-C32-K48-V80", delta=True, per_col=True, C=32, T=70, B=1, H=1, K=48, V=80,
@@ -121,8 +122,8 @@ CASES.append(_c("F2-solve-blocked-C64-strong-decay", delta=True, per_col=True, C
                 strong=True, seed=19, solve="blocked"))
 CASES.append(_c("F2-solve-blocked-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20,
                 seed=18, solve="blocked"))
-CASES.append(_c("F2-solve-blocked-f32dot-fp16-C64-K48-V80", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=48,
-                V=80, dtype="float16", seed=24, solve="blocked", blk_bwd=[4, 0, True, True]))
+CASES.append(_c("F2-solve-blocked-x32dot-fp16-C64-K48-V80", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=48,
+                V=80, dtype="float16", seed=24, solve="blocked", blk_bwd=[4, 32, 2, True]))
 CASES.append(_c("F2-rows-exact-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20,
                 seed=18, solve="rows", bwd_solve="exact"))
 CASES.append(_c("F2-exact-fp16-C64-K48-V80", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=48, V=80,

@@ -17,12 +17,19 @@
 #   blk_w4_f32   ..._SOLVE=blocked ..._BLK_BWD=4,0,f32         at 4 warps, its transposed solve's dots on fp32 operands
 #   blk_w4_f32_s1 ..._BLK_BWD=4,0,f32,s1                       both
 #   blk_s1       ..._SOLVE=blocked ..._BLK_BWD=8,0,s1          one stage at 8 warps
+#   blk_w4_x32   ..._SOLVE=blocked ..._BLK_BWD=4,0,x32         at 4 warps, every dot of the reverse pass on fp32
+#                                                              operands (q, x cast up on load): the fp32 builds' code
+#   blk_w4_x32_s1  ..._BLK_BWD=4,0,x32,s1                      and one stage, as fp32 launches compile
+#   blk_w4_bv64_x32 ..._BLK_BWD=4,64,x32                       with 64-column value tiles (one tile at K = V = 64)
 # then compute-sanitizer memcheck on each blocked way that failed, at $F2ISO_MEMCHECK (default bf16 K = 128, C = 64,
 # the shape whose gradients were wrong at 4 warps on 2026-12-03 at 12b0470; fp32 K = 64, C = 64, which faulted at 8
 # warps on 2026-12-03 at 5e0a3b1, was clean at 4 warps and with 16-column tiles: "--dtype float32 --K 64").
 # Results of 2026-12-03 (12b0470, kernels_2026-12-03d/call2/f2iso/): fwd and fwd_bwdblk pass all six rows; blk_w4
 # fails rows 1, 10 (bf16 K = 128: dx, dv, deta, dg ~0.4 off) and passes the fp32 rows; memcheck clean at fp32 K = 64.
 # fp32 launches compile with one pipeline stage (common._stages), 16-bit ones with Triton's 3: hence the s1 ways.
+# Results of 2026-12-03 (c84b0ad, kernels_2026-12-03e/call1/f2iso/): blk_w4_s1, blk_w4_f32, blk_w4_f32_s1 fail rows 1
+# and 10 (bf16 K = 128) as before and pass the rest, memcheck clean each; blk_s1 poisons the context at row 17 (fp32
+# K = 64). Hence the x32 ways: the dsu and dH-update dots outside the solve on fp32 operands too.
 set -u
 O=${1:?usage: f2_isolate.sh OUTDIR}; mkdir -p "$O"
 ROWS=${F2ISO_ROWS:-1,7,10,11,17,20}
@@ -30,8 +37,9 @@ declare -A MODE=([fwd]="fwd exact 8,0" [fwd_bwdblk]="fwd blocked 8,0" [blk_w4]="
                  [blk_bv16]="blocked exact 8,16" [blk_w4_bv16]="blocked exact 4,16"
                  [blk_w4_f32]="blocked exact 4,0,f32" [blk_f32]="blocked exact 8,0,f32"
                  [blk_w4_s1]="blocked exact 4,0,s1" [blk_w4_f32_s1]="blocked exact 4,0,f32,s1"
-                 [blk_s1]="blocked exact 8,0,s1")
-WAYS=${F2ISO_WAYS:-"blk_w4_s1 blk_w4_f32 blk_w4_f32_s1 blk_s1"}
+                 [blk_s1]="blocked exact 8,0,s1" [blk_w4_x32]="blocked exact 4,0,x32"
+                 [blk_w4_x32_s1]="blocked exact 4,0,x32,s1" [blk_w4_bv64_x32]="blocked exact 4,64,x32")
+WAYS=${F2ISO_WAYS:-"blk_w4_x32 blk_w4_x32_s1 blk_w4_bv64_x32"}
 MEMCHECK=${F2ISO_MEMCHECK:-"--dtype bfloat16 --K 128"}
 for w in $WAYS; do
   set -- ${MODE[$w]}

@@ -36,6 +36,7 @@
 #              FALCON_TRITON_2_SOLVE=fwd FALCON_TRITON_2_BWD_SOLVE=blocked, then `bench kernels --ops falcon-1,falcon-2`
 #              for each SOLVE:BWD_SOLVE pair of F2_MODES (default "rows:exact fwd:blocked"), one process each;
 #   f2iso      experiments/h200/f2_isolate.sh: the blocked ways one at a time on Falcon-2's rows that failed;
+#   f2blk      Falcon-2's whole sweep with both passes by blocks (FALCON_TRITON_2_BLK_BWD=$F2_BLK, default 4,0,x32);
 #   f3gather_rest  rows 24-29 of Falcon-3-gather's sweep;
 #   wl3a       the banded 3A's _wl_bwd_main with FALCON_TRITON_3A_BWD=rowsum (and _BV=32): checks, then timings;
 #   wl3a_split the banded 3A's backward split in two (FALCON_TRITON_3A_BWD=split): rows 1-25 of 3A, then falcon-1A and
@@ -151,6 +152,12 @@ cstep eig_check 240 env FALCON_TRITON_UNPROVEN=1 python3 -m falcon_lab.bench che
 # candidate pair, and the failing reverse pass at other warps / value tiles, compute-sanitizer on what fails);
 # warm_bg: the warm step's compiles in the background beside the checks
 cstep f2iso 330 bash experiments/h200/f2_isolate.sh "$W/f2iso"
+# f2blk: Falcon-2's whole sweep with both passes by sub-blocks and the reverse pass's launch F2_BLK (default "4,0,x32":
+# every dot of it on fp32 operands, written 2026-12-03 after that day's calls) — run it once an f2iso way passes its
+# six rows; then time it with F2_MODES="fwd:blocked blocked:blocked" and FALCON_TRITON_2_BLK_BWD,
+# FALCON_TRITON_UNPROVEN=1 exported (step f2solve_time)
+cstep f2blk 330 env FALCON_TRITON_2_SOLVE=blocked FALCON_TRITON_2_BLK_BWD=${F2_BLK:-4,0,x32} FALCON_TRITON_UNPROVEN=1 \
+  python3 -m falcon_lab.bench check --variants 2 --out "$W/check_f2blk"
 # bwdmain: chunk.py's backward with FALCON_TRITON_BWD_MAIN=$BWD_MAIN_TRY (default "split": _bwd_main as three
 # kernels, _bwd_cc, _bwd_dqdx, _bwd_gate, opt-in since 2026-12-03; "rowsum" was proven this way on 2026-12-03 at
 # 5e0a3b1 as steps rowsum_*): the whole sweeps of 1 and 1A, the quick rows of 3 and of 3A's W scans (which run

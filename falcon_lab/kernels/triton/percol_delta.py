@@ -61,16 +61,22 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # do (fp32 launches keep one stage, common._stages). On the H200 (2026-12-03, 12b0470, kernels_2026-12-03d) at 4 warps
 # every fp32 row passed (value tiles 16, 32, 64) while bf16 failed at K = 128 (tile 32 or 16) and at K = 64 with tile
 # 16 (passed with 64); at 8 warps fp32 read out of range (K = 64, tile 64; K = 128, tile 16). Triton's software
-# pipelining of the solve's loads (3 stages for 16-bit inputs) is our suspect for the bf16 failures, unconfirmed.
+# pipelining of the solve's loads (3 stages for 16-bit inputs) was our suspect for the bf16 failures: on the H200
+# (2026-12-03, c84b0ad, kernels_2026-12-03e) ",s1", ",f32" and both still fail bf16 K = 128 (memcheck clean), so neither
+# the pipelining nor the solve's dot operands is the fault. ",x32" (ours, not yet on a GPU) casts q and x up after
+# their loads, so every dot of the reverse kernel, the dsu and dH-update dots outside the solve too, runs on fp32
+# operands at fp32 dot precision: for bf16 inputs the code the passing fp32 builds compile.
 SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "fwd", ("rows", "fwd", "blocked"))
 try:
     _blk = os.environ.get("FALCON_TRITON_2_BLK_BWD", "8,0").split(",")
-    assert len(_blk) >= 2 and set(_blk[2:]) <= {"f32", "s1"} and len(set(_blk[2:])) == len(_blk) - 2
-    # (warps, value tile or 0, fp32 dots in the solve, one pipeline stage)
-    BLK_BWD = (int(_blk[0]), int(_blk[1]), "f32" in _blk[2:], "s1" in _blk[2:])
+    assert len(_blk) >= 2 and set(_blk[2:]) <= {"f32", "x32", "s1"} and len(set(_blk[2:])) == len(_blk) - 2
+    assert not {"f32", "x32"} <= set(_blk[2:])
+    # (warps, value tile or 0, fp32 dot operands: 0 none, 1 the solve's ("f32"), 2 every dot ("x32"), one stage)
+    BLK_BWD = (int(_blk[0]), int(_blk[1]), 2 if "x32" in _blk[2:] else int("f32" in _blk[2:]), "s1" in _blk[2:])
     assert BLK_BWD[0] in (1, 2, 4, 8, 16) and BLK_BWD[1] in (0, 16, 32, 64, 128)
 except (ValueError, AssertionError):
-    raise ValueError("FALCON_TRITON_2_BLK_BWD must be 'warps,bv' with optional ',f32' and ',s1' (warps 1-16, a power "
+    raise ValueError("FALCON_TRITON_2_BLK_BWD must be 'warps,bv' with optional ',f32' or ',x32' and ',s1' (warps 1-16, "
+                     "a power "
                      "of two; bv 0 = the pass's value tile, or 16-128), got "
                      f"{os.environ.get('FALCON_TRITON_2_BLK_BWD')!r}") from None
 
@@ -389,7 +395,7 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
                    PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr, SBS: tl.constexpr,
                    F32DOT: tl.constexpr, PREC32: tl.constexpr):
     """_pcd_bwd_state with the transposed solves by SBS-row sub-blocks (_bwd_solve_blocked; ours, experimental;
-    F32DOT: its dots on fp32 operands at precision PREC32).
+    F32DOT 1: the solve's dots on fp32 operands at precision PREC32; 2: every dot here, q and x cast up on load).
     Reverse state pass: dH (the gradient of the state after each chunk), the state part of dU, and
     drhs = (I + L)^{-T} (η ⊙ dU) by backward substitution; the solve's right-hand side reads S, so
     dH gains Xᵀ(-e^{u⁻} ⊙ drhs)."""
@@ -426,6 +432,9 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
         off = tok[:, None] * V + cv[None, :]
         x = tl.load(X + tok[:, None] * K + ck[None, :], mask=km, other=0.)
         q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+        if F32DOT == 2:
+            x = x.to(tl.float32)
+            q = q.to(tl.float32)
         dt = x.dtype
         eta = tl.load(ETA + off, mask=vm, other=0.)
         g = tl.load(G + off, mask=vm, other=0.)
@@ -437,14 +446,16 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
             ur = u
         else:
             ur = up
-        dsu = tl.dot(x, dH.to(dt), input_precision=PREC) * tl.exp(tl.minimum(uC[None, :] - u, 0.))
+        dsu = tl.dot(x, dH.to(dt), input_precision=PREC32 if F32DOT == 2 else PREC) \
+            * tl.exp(tl.minimum(uC[None, :] - u, 0.))
         tl.store(DSU + off, dsu, mask=vm)
         d = eta * (tl.load(DUI + off, mask=vm, other=0.) + dsu)
         tl.store(DRHS + off, d, mask=vm)
         tl.debug_barrier()
         xd = _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H, K, V, C, BK, BV, SBS,
-                                PREC32 if F32DOT else PREC, F32DOT)
-        dH = dH * tl.exp(uC)[None, :] + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(dt), input_precision=PREC) - xd
+                                PREC32 if F32DOT > 0 else PREC, F32DOT > 0)
+        dH = dH * tl.exp(uC)[None, :] \
+            + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(dt), input_precision=PREC32 if F32DOT == 2 else PREC) - xd
     if STORE_DS0:
         tl.store(DS0 + bh64 * K * V + soff, dH, mask=smask)
 
