@@ -128,20 +128,17 @@ CASES.append(_c("F2-rows-exact-before-C32-V20", delta=True, per_col=True, after=
                 seed=18, solve="rows", bwd_solve="exact"))
 CASES.append(_c("F2-exact-fp16-C64-K48-V80", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=48, V=80,
                 dtype="float16", seed=22, bwd_solve="exact"))
-# chunk.py's _bwd_main with the gate gradients' row sums formed inside its value loop (FALCON_TRITON_BWD_MAIN=dots,
-# the kernel proven up to 2026-12-03; =rowsum takes them from its accumulators): Falcon-1 and -1A, both read
-# orders, fp16, Falcon-3's expansion and in-place pseudo-tokens, Falcon-3A's scans
-DOTS = [("F1-after-C16", {}), ("F1-before-C16", dict(after=False)), ("F1A-C64-T65", dict(delta=False, C=64, T=65,
-        B=1, H=1, K=32, V=32)), ("F1-fp16", dict(dtype="float16")), ("F1A-before-C32-K48-V16", dict(
-        delta=False, after=False, C=32, T=70, K=48, V=16, B=1)), ("F3-W4-C64-strong-decay", dict(
-        W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True)), ("F3-gather-W2-before-C32", dict(
-        W=2, after=False, C=32, T=45, B=1, K=16, V=16, fused=True)), ("F3A-scans-W4-no-dST", dict(
-        delta=False, W=4, no_dst=True, fused=False))]
-CASES += [_c(f"bwd-main-dots-{n}", seed=70 + i, bwd_main="dots", **kw) for i, (n, kw) in enumerate(DOTS)]
-# _bwd_main as one kernel with the row sums from its accumulators (FALCON_TRITON_BWD_MAIN=rowsum, the default from
-# 5e0a3b1 to 2026-12-03's split): the same cases; and the split default's own: K = 80 (two key tiles of 64 and a
-# partial one's mask) and Falcon-1A with K = 128, V = 80 (two key tiles, value blocks of 64 and a masked rest)
-CASES += [_c(f"bwd-main-rowsum-{n}", seed=110 + i, bwd_main="rowsum", **kw) for i, (n, kw) in enumerate(DOTS)]
+# chunk.py's _bwd_main as one kernel, its gate gradients' row sums from its accumulators (FALCON_TRITON_BWD_MAIN=rowsum,
+# the default from 5e0a3b1 to 2026-12-03's split): Falcon-1 and -1A, both read orders, fp16, Falcon-3's expansion and
+# in-place pseudo-tokens, Falcon-3A's scans; and the split default's own: K = 80 (two key tiles of 64 and a partial
+# one's mask) and Falcon-1A with K = 128, V = 80 (two key tiles, value blocks of 64 and a masked rest)
+ROWSUM = [("F1-after-C16", {}), ("F1-before-C16", dict(after=False)), ("F1A-C64-T65", dict(delta=False, C=64, T=65,
+          B=1, H=1, K=32, V=32)), ("F1-fp16", dict(dtype="float16")), ("F1A-before-C32-K48-V16", dict(
+          delta=False, after=False, C=32, T=70, K=48, V=16, B=1)), ("F3-W4-C64-strong-decay", dict(
+          W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True)), ("F3-gather-W2-before-C32", dict(
+          W=2, after=False, C=32, T=45, B=1, K=16, V=16, fused=True)), ("F3A-scans-W4-no-dST", dict(
+          delta=False, W=4, no_dst=True, fused=False))]
+CASES += [_c(f"bwd-main-rowsum-{n}", seed=110 + i, bwd_main="rowsum", **kw) for i, (n, kw) in enumerate(ROWSUM)]
 SPLIT = [("F1-K80-C32-T45", dict(C=32, T=45, B=1, K=80, V=16)), ("F1A-before-K128-V80", dict(
     delta=False, after=False, T=40, B=1, H=1, K=128, V=80))]
 CASES += [_c(f"bwd-main-split-{n}", seed=118 + i, bwd_main="split", **kw) for i, (n, kw) in enumerate(SPLIT)]
@@ -310,9 +307,9 @@ SWITCHES = [
     # the blocked intra-chunk term (0.8x the exact broadcast's time); =exact keeps the broadcast
     (KT + "percol", "INTRA", "FALCON_TRITON_2A", "blocked", "block",
      "FALCON_TRITON_2A must be 'exact' or 'blocked', got 'block'"),
-    # _bwd_main's work as three kernels; =rowsum one kernel with the row sums from its accumulators, =dots in-loop dots
+    # _bwd_main's work as three kernels; =rowsum one kernel with the row sums from its accumulators
     (KT + "chunk", "BWD_MAIN", "FALCON_TRITON_BWD_MAIN", "split", "row",
-     "FALCON_TRITON_BWD_MAIN must be 'rowsum', 'dots' or 'split', got 'row'"),
+     "FALCON_TRITON_BWD_MAIN must be 'rowsum' or 'split', got 'row'"),
     # the banded 3A's read-out row sum off the dq accumulator; =dots the in-loop q·S dots, =split two kernels (opt-in)
     (KT + "window_linear", "WL_BWD", "FALCON_TRITON_3A_BWD", "rowsum", "row",
      "FALCON_TRITON_3A_BWD must be 'dots', 'rowsum' or 'split', got 'row'"),

@@ -21,7 +21,7 @@ Every exponent is <= 0 (clamped with min(., 0) against rounding). Kernels:
               _fwd_out   (per chunk: outputs)
     backward: _bwd_dul   (per chunk: dU = Pᵀ dO, the intra-chunk part)
               _bwd_state (reverse sequential: state gradients at chunk ends, full dU, dS0)
-              _bwd_main  (per chunk: dq, dx, dv, dη, dg) with FALCON_TRITON_BWD_MAIN=rowsum/dots, or (default, ours):
+              _bwd_main  (per chunk: dq, dx, dv, dη, dg) with FALCON_TRITON_BWD_MAIN=rowsum, or (default, ours):
               _bwd_cc    (per chunk: dv, dη, M and Gm, the [C, C] gate terms)
               _bwd_dqdx  (per key tile and chunk: dq, dx, the gate row sums of the tile)
               _bwd_gate  (per chunk: dg)
@@ -46,8 +46,9 @@ from .host import env_choice
 # and _bwd_gate (below: the same math, at most three fp32 accumulators live in each value loop, 4 warps, fla-style);
 # "rowsum" is _bwd_main with its three gate-gradient row sums taken from the dq, dx accumulators after the value loop,
 # Σ_v dO_iv (q_i S)_v = q_i · (dO_i Sᵀ) and likewise x_i · (U_i dHᵀ), x_i · (dY_i Sᵀ), so the loop drops its q·S, x·dH
-# and x·S dots (3 of 9) and their [C, BV] fp32 tiles (the default from 2026-12-03 at 5e0a3b1 to this change); "dots"
-# forms them inside the loop (the kernel proven up to 5e0a3b1). Same sums, different rounding.
+# and x·S dots (3 of 9) and their [C, BV] fp32 tiles (the default from 2026-12-03 at 5e0a3b1 to this change). The
+# form before it, with those sums formed inside the loop ("dots", proven up to 5e0a3b1), was removed after split
+# became the default. Same sums, different rounding.
 # On the H200 every row of `bench check` for Falcon-1 and -1A (29 + 29: 12b0470 and c84b0ad), Falcon-3's quick core
 # rows and Falcon-3A's W scans (13) passed with "split"; Falcon-1's public op fwd+bwd, rowsum -> split in one call
 # (c84b0ad, one process each): 1.85 -> 1.53 ms at (16, 2048, 12, 64), 2.03 -> 1.70 at (4, 8192, 12, 64), unchanged at
@@ -56,7 +57,7 @@ from .host import env_choice
 # 2.24 at (1, 32768, 6, 128), 0.82-1.12 vs 0.71-1.13 at (16, 2048, 12, 64), but 1.01-1.02 (x3) vs 1.22-1.24 (x2) at
 # (16, 2048, 6, 128): a K-dependent choice is the next thing to time in one process
 # (benchmarks/results/h200_logs/kernels_2026-12-03e/README.md).
-BWD_MAIN = env_choice("FALCON_TRITON_BWD_MAIN", "split", ("rowsum", "dots", "split"))
+BWD_MAIN = env_choice("FALCON_TRITON_BWD_MAIN", "split", ("rowsum", "split"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -495,8 +496,7 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
 def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, XT, XOFF, NT,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-              GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr,
-              ROWSUM: tl.constexpr):
+              GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -530,9 +530,6 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
     kmask = ck < K
     km = rmask[:, None] & kmask[None, :]
     dt = Q.dtype.element_ty
-    if not ROWSUM:  # the value loop reads q and x (with ROWSUM only the steps after it: fewer live registers)
-        q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
-        x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
     eta = tl.load(ETA + stok, mask=rmask, other=0.).to(tl.float32)
     g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
     u = tl.cumsum(g, 0)
@@ -582,16 +579,8 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
         U = rr * eta[:, None]
         Ud = U.to(dt)
         DOU += tl.dot(do, tl.trans(Ud), input_precision=PREC)
-        if not ROWSUM:
-            qS = tl.dot(q, Sd, input_precision=PREC)
-            d_ur += tl.exp(ur) * tl.sum(do.to(tl.float32) * qS, 1)
         dq += tl.dot(do, tl.trans(Sd), input_precision=PREC)
         duC += tl.sum(tl.sum(dH * S, 1), 0) * tl.exp(uC)
-        if not ROWSUM:
-            xdH = tl.dot(x, dHd, input_precision=PREC)
-            Y = eC * tl.sum(xdH * U, 1)
-            duC += tl.sum(Y, 0)
-            d_u -= Y
         dxs += tl.dot(Ud, tl.trans(dHd), input_precision=PREC)
         d_eta += tl.sum(dU * rr, 1)
         if DELTA:
@@ -601,20 +590,17 @@ def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, 
             dYd = dY.to(dt)
             dL -= tl.dot(dYd, tl.trans(rr.to(dt)), input_precision=PREC)
             dxy += tl.dot(dYd, tl.trans(Sd), input_precision=PREC)
-            if not ROWSUM:
-                xS = tl.dot(x, Sd, input_precision=PREC)
-                d_ub -= tl.exp(ub) * tl.sum(dY * xS, 1)
         else:
             tl.store(DV + dxtok[:, None] * V + cv[None, :], (dU * eta[:, None]).to(DV.dtype.element_ty), mask=vm)
-    if ROWSUM:  # the gate gradients' three row sums from the accumulators (ours; see BWD_MAIN)
-        q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
-        x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
-        d_ur += tl.exp(ur) * tl.sum(q.to(tl.float32) * dq, 1)
-        Y = eC * tl.sum(x.to(tl.float32) * dxs, 1)
-        duC += tl.sum(Y, 0)
-        d_u -= Y
-        if DELTA:
-            d_ub -= tl.exp(ub) * tl.sum(x.to(tl.float32) * dxy, 1)
+    # the gate gradients' three row sums from the accumulators (ours; see BWD_MAIN): q, x load after the value loop
+    q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
+    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+    d_ur += tl.exp(ur) * tl.sum(q.to(tl.float32) * dq, 1)
+    Y = eC * tl.sum(x.to(tl.float32) * dxs, 1)
+    duC += tl.sum(Y, 0)
+    d_u -= Y
+    if DELTA:
+        d_ub -= tl.exp(ub) * tl.sum(x.to(tl.float32) * dxy, 1)
     # [C, C] tiles not needed inside the value loop are formed here (fewer live registers)
     qx = tl.dot(q, tl.trans(x), input_precision=PREC)
     Er = tl.where(causal, tl.exp(tl.minimum(ur[:, None] - u[None, :], 0.)), 0.)
@@ -1031,7 +1017,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     else:
         _bwd_main[(NT, B * H)](q, x, v, R, eta, g, A, HS, DHS, dO, DU, dq, dx, dv, deta, dg, T, XT, xoff,
                                NT, H, K, V, C, BK, BVm, delta, read_after, prec, group, gather, *va,
-                               BWD_MAIN == "rowsum", num_warps=wm, **st)
+                               num_warps=wm, **st)
     if gather:
         W = group
         dq = dq.view(B, Ts, W, H, K).sum(2)
