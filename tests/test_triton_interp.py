@@ -49,29 +49,18 @@ CASES.append(_c("F3A-banded-W3-C64-T65", delta=False, W=3, C=64, T=65, B=1, H=1,
 CASES.append(_c("F3A-banded-W2-fp16", delta=False, W=2, dtype="float16", seed=26, fused=True))
 CASES.append(_c("F3A-banded-K16-V80-two-value-blocks", delta=False, W=4, T=40, B=1, H=1, K=16, V=80, seed=31,
                 fused=True))
-# the banded scan's backward with the read-out row sum formed inside its value loop (FALCON_TRITON_3A_BWD=dots, the
-# kernel proven up to 2026-12-03; the default, "rowsum", takes it off the dq accumulator, ours, in the cases above):
-# both read orders, W = 2/3/4/8/16, fp16, C = 16/32/64, K = 16/48, V = 16/32/80 (several value blocks)
-WL_ROWSUM = [("W3-after", dict(W=3)), ("W4-before-C32", dict(W=4, after=False, C=32, T=45)), (
-    "W8-C64-K48-V80-strong-decay", dict(W=8, C=64, T=70, B=1, H=1, K=48, V=80, strong=True)), (
-    "W16-C32-K48-V16-no-S0-no-dST", dict(W=16, C=32, T=40, B=1, H=1, K=48, V=16, s0=False, no_dst=True)), (
-    "W2-before-fp16", dict(W=2, after=False, dtype="float16")), ("W4-before-C64-K16-V80", dict(
-    W=4, after=False, C=64, T=65, B=1, H=1, K=16, V=80))]
-CASES += [_c(f"F3A-banded-dots-{n}", delta=False, seed=130 + i, fused=True, wl_bwd="dots", **kw)
-          for i, (n, kw) in enumerate(WL_ROWSUM)]
-# ... split in two (FALCON_TRITON_3A_BWD=split, opt-in, ours): dA stored, dq and dx per key tile of <= 64 (K = 80: two
-# tiles, the second masked)
-WL_SPLIT = [("W3-after", dict(W=3)), ("W4-before-C32", dict(W=4, after=False, C=32, T=45)), (
-    "W8-C64-K48-V80-strong-decay", dict(W=8, C=64, T=70, B=1, H=1, K=48, V=80, strong=True)), (
-    "W2-before-fp16-K80-V16", dict(W=2, after=False, dtype="float16", B=1, H=1, K=80, V=16))]
-CASES += [_c(f"F3A-banded-split-{n}", delta=False, seed=150 + i, fused=True, wl_bwd="split", **kw)
-          for i, (n, kw) in enumerate(WL_SPLIT)]
+# the banded scan's backward (its read-out row sum off the dq accumulator, ours): W = 8 with strong decay and several
+# value blocks, fp16 with the read order before (the forms it replaced, FALCON_TRITON_3A_BWD=dots / split, and their
+# cases are gone since 2026-12-03)
+WL_MORE = [("W8-C64-K48-V80-strong-decay", dict(W=8, C=64, T=70, B=1, H=1, K=48, V=80, strong=True)), (
+    "W2-before-fp16", dict(W=2, after=False, dtype="float16"))]
+CASES += [_c(f"F3A-banded-{n}", delta=False, seed=131 + i, fused=True, **kw) for i, (n, kw) in enumerate(WL_MORE)]
 # ... and its value block (FALCON_TRITON_3A_BWD_BV, default 32, ours) at 16 and at 64 (the forward's at K <= 64, the
 # value block of the kernel proven before): several blocks, a masked rest
-CASES.append(_c("F3A-banded-rowsum-bv16-W4-K48-V80", delta=False, W=4, T=40, B=1, H=1, K=48, V=80, seed=140,
-                fused=True, wl_bwd="rowsum", wl_bwd_bv="16"))
-CASES.append(_c("F3A-banded-dots-bv64-W3-before-C64-K16-V80", delta=False, W=3, after=False, C=64, T=65, B=1, H=1,
-                K=16, V=80, seed=141, fused=True, wl_bwd="dots", wl_bwd_bv="64"))
+CASES.append(_c("F3A-banded-bv16-W4-K48-V80", delta=False, W=4, T=40, B=1, H=1, K=48, V=80, seed=140,
+                fused=True, wl_bwd_bv="16"))
+CASES.append(_c("F3A-banded-bv64-W3-before-C64-K16-V80", delta=False, W=3, after=False, C=64, T=65, B=1, H=1,
+                K=16, V=80, seed=141, fused=True, wl_bwd_bv="64"))
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10))
 CASES.append(_c("F3-W4-C64-strong-decay-no-dST", delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True,
@@ -310,10 +299,7 @@ SWITCHES = [
     # _bwd_main's work as three kernels; =rowsum one kernel with the row sums from its accumulators
     (KT + "chunk", "BWD_MAIN", "FALCON_TRITON_BWD_MAIN", "split", "row",
      "FALCON_TRITON_BWD_MAIN must be 'rowsum' or 'split', got 'row'"),
-    # the banded 3A's read-out row sum off the dq accumulator; =dots the in-loop q·S dots, =split two kernels (opt-in)
-    (KT + "window_linear", "WL_BWD", "FALCON_TRITON_3A_BWD", "rowsum", "row",
-     "FALCON_TRITON_3A_BWD must be 'dots', 'rowsum' or 'split', got 'row'"),
-    # ... with a value block of 32
+    # the banded 3A's backward value block
     (KT + "window_linear", "WL_BWD_BV", "FALCON_TRITON_3A_BWD_BV", "32", "48",
      "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),
     # Falcon-2's forward state pass by sub-blocks; =rows the row substitution, =blocked both passes by blocks

@@ -38,12 +38,9 @@
 #   f2iso      experiments/h200/f2_isolate.sh: the blocked ways one at a time on Falcon-2's rows that failed;
 #   f2blk      Falcon-2's whole sweep with both passes by blocks (FALCON_TRITON_2_BLK_BWD=$F2_BLK, default 4,0,x32);
 #   f3gather_rest  rows 24-29 of Falcon-3-gather's sweep;
-#   wl3a       the banded 3A's _wl_bwd_main with FALCON_TRITON_3A_BWD=rowsum (and _BV=32): checks, then timings;
-#   wl3a_split the banded 3A's backward split in two (FALCON_TRITON_3A_BWD=split): rows 1-25 of 3A, then falcon-1A and
-#              -3A timed with rowsum (the default) and split, one process each;
 #   stages     chunk.py's state passes at FALCON_TRITON_STATE_STAGES=$STAGES_TRY (default 4): quick rows, then timings;
-#   bwdmain    chunk.py's backward with FALCON_TRITON_BWD_MAIN=$BWD_MAIN_TRY (default split): sweeps, then timings
-#              against the default (rowsum, proven this way on 2026-12-03 as steps rowsum_*);
+#   bwdmain    chunk.py's backward with FALCON_TRITON_BWD_MAIN=$BWD_MAIN_TRY (default split, the default since
+#              2026-12-03): sweeps, then timings against rowsum (proven this way on 2026-12-03 as steps rowsum_*);
 #   bwdmain_rest  Falcon-1's check rows $BWD_MAIN_ROWS (default 22-29) with it, alone;
 #   eig        Falcon-3's mu_t squarings in one Triton kernel (triton/eig.py): rows 23-29 of `bench check --variants 3`
 #              (the public op, decode, varlen-native: the rows whose prep runs it) with FALCON_TRITON_UNPROVEN=1, then
@@ -181,22 +178,6 @@ SGT=${STAGES_TRY:-4}
 want stages && STEPS="$STEPS stages_check stages_time"
 cstep stages_check 300 env FALCON_TRITON_STATE_STAGES=$SGT python3 -m falcon_lab.bench check --quick --variants 1,1A \
   --out "$W/check_stages_$SGT"
-# wl3a: the banded Falcon-3A's _wl_bwd_main with FALCON_TRITON_3A_BWD=rowsum (its read-out row sum off the dq
-# accumulator, q reloaded after the value loop, dq/dx stored before the band adjoints; opt-in since 2026-12-03):
-# rows 1-25 of `bench check --variants 3A` (the banded core rows, the public op, decode; the varlen rows run the W
-# scans), the quick rows with FALCON_TRITON_3A_BWD_BV=32 too, then falcon-1A, -3A timed as dots, rowsum and
-# rowsum with BV 32 (one process each); all pass and faster -> the default
-want wl3a && STEPS="$STEPS wl3a_check wl3a_bv32_check wl3a_time"
-cstep wl3a_check 300 env FALCON_TRITON_3A_BWD=rowsum python3 -m falcon_lab.bench check --variants 3A --rows 1-25 \
-  --out "$W/check_wl3a_rowsum"
-cstep wl3a_bv32_check 300 env FALCON_TRITON_3A_BWD=rowsum FALCON_TRITON_3A_BWD_BV=32 python3 -m falcon_lab.bench \
-  check --quick --variants 3A --out "$W/check_wl3a_rowsum_bv32"
-# wl3a_split: _wl_bwd_main without its dq/dx accumulators (dA stored) and _wl_bwd_dqdx per key tile (opt-in since
-# 2026-12-03, twelfth session; offline sm_90a: _wl_bwd_main's spill stores 120 -> 8 B at K = V = 64, C = 64 and
-# 268 -> 80 B at K = V = 128, C = 32; _wl_bwd_dqdx 167 / 129 registers at 4 warps, no spill)
-want wl3a_split && STEPS="$STEPS wl3a_split_check wl3a_split_time"
-cstep wl3a_split_check 300 env FALCON_TRITON_3A_BWD=split python3 -m falcon_lab.bench check --variants 3A \
-  --rows 1-25 --out "$W/check_wl3a_split"
 warm_cmd() {
   python3 -c 'from falcon_lab.benchmarking.kernels import OPS, SHAPES
 for o in OPS:
@@ -223,11 +204,6 @@ falcon-3A-scans,fla_chunk_delta_rule} --out $W/kernels_bwdmain_\$m; done"
 step stages_time 240 bash -c "for m in default $SGT; do FALCON_TRITON_STATE_STAGES=\$([ \$m = default ] || echo \$m) \
   TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=$TC python3 -m falcon_lab.bench kernels --ops \
   falcon-1,falcon-1A,fla_chunk_delta_rule --out $W/kernels_stages_\$m; done"
-step wl3a_split_time 150 bash -c "for m in rowsum split; do FALCON_TRITON_3A_BWD=\$m python3 -m falcon_lab.bench \
-  kernels --ops falcon-1A,falcon-3A --out $W/kernels_wl3a_\$m; done"
-step wl3a_time 240 bash -c "for m in dots: rowsum: rowsum:32; do FALCON_TRITON_3A_BWD=\${m%:*} \
-  FALCON_TRITON_3A_BWD_BV=\${m#*:} python3 -m falcon_lab.bench kernels --ops falcon-1A,falcon-3A \
-  --out $W/kernels_wl3a_\${m%:*}\${m#*:}; done"
 # warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared $TC (on
 # a fresh machine the full run alone spent its 440 s mostly compiling, fla's kernels above all: 2026-12-03 call 2)
 step warm 240 bash -c warm_cmd

@@ -36,11 +36,9 @@ Timed in the full `bench kernels` of that commit (benchmarks/results/kernels_h20
 3.13 / 3.53 / 3.62 / 5.93 ms against the W scans' 4.60 / 5.56 / 5.45 / 10.53 ms (0.56-0.68x) at (16, 2048, 12, 64),
 (4, 8192, 12, 64), (16, 2048, 6, 128), (1, 32768, 6, 128), at lower peak memory (985 vs 1278 MB at K = 64).
 Its backward's _wl_bwd_main takes the read-out's row sum from the dq accumulator after the value loop (ours, as
-chunk.py's BWD_MAIN=rowsum does for Falcon-1; FALCON_TRITON_3A_BWD=rowsum, the default since 2026-12-03, `=dots` the
-kernel proven before) with its own value block of 32 (FALCON_TRITON_3A_BWD_BV); see WL_BWD for the H200 proof and
-timings (fwd+bwd 0.75x of the "dots" kernel at (16, 2048, 12, 64), same call).
-FALCON_TRITON_3A_BWD=split (opt-in, ours, interpreter-tested, not yet on a GPU) runs it as two kernels: _wl_bwd_main
-without its dq / dx accumulators (it stores dA = dP ⊙ M) and _wl_bwd_dqdx per key tile.
+chunk.py's BWD_MAIN=rowsum does for Falcon-1; since 2026-12-03) with its own value block of 32
+(FALCON_TRITON_3A_BWD_BV); see the note above WL_BWD_BV for the H200 proof and timings (fwd+bwd 0.75x of the kernel
+before it at (16, 2048, 12, 64), same call).
 """
 
 from __future__ import annotations
@@ -53,28 +51,24 @@ from .common import _empty, _np2, _prec, _stages, _state_get, _state_init, _stat
 from .host import env_choice
 
 BW = 16  # the carried-pairs tile (W - 1 <= 15 rows used)
-# _wl_bwd_main's read-out row sum d_ur_i ∋ e^{ur_i} Σ_v dO_iv (q_i S)_v (ours, as chunk.py's BWD_MAIN): "rowsum" (the
-# default since 2026-12-03) takes it after the value loop from the dq accumulator, q_i · (dO_i Sᵀ) (one dot and one
-# [C, BV] fp32 tile fewer per value block), loads q again after the loop and stores dq, dx before the band adjoints;
-# "dots" (the kernel proven on the H200 up to 2026-12-03, the default before) forms q·S per value block inside the
-# loop. Same sum, different rounding. Offline (sm_90a, Triton 3.6 ptxas -v, bf16, W = 4, 8 warps, both 255
-# registers): spill stores 920 -> 572 bytes at K = V = 64, C = 64 (smem 69632 -> 61440), 888 -> 268 at K = V = 128,
-# C = 32 (110592 -> 94208); W = 16: 4952 -> 1968.
-# "split" (ours, opt-in, not yet on a GPU): _wl_bwd_main keeps the in-loop q·S dots but drops its three [C, BK]
-# accumulators (dq, dx own, dx carried): it stores dA = dP ⊙ M (own [C, C], carried [C, BW], fp32) instead, and
-# _wl_bwd_dqdx forms dq and dx per key tile of at most 64 in a value loop of three dots (as chunk.py's
-# BWD_MAIN=split does for Falcon-1, which took its op -16 to -17 % at K = 64 on the H200).
-WL_BWD = env_choice("FALCON_TRITON_3A_BWD", "rowsum", ("dots", "rowsum", "split"))
-# _wl_bwd_main's value block (ours): FALCON_TRITON_3A_BWD_BV = 16 / 32 / 64 / 128, default 32 since 2026-12-03 (before:
-# the forward's, 64 at K <= 64, 32 above). Offline (sm_90a, Triton 3.6, bf16, K = V = 64, C = 64, W = 4, 8 warps)
-# BV = 32 cut the spill stores from 572 to 120 bytes with "rowsum" (920 to 220 with "dots").
-# On the H200 (2026-12-03 at 12b0470, benchmarks/results/h200_logs/kernels_2026-12-03d/): "rowsum" passed rows 1-25
+# _wl_bwd_main's read-out row sum d_ur_i ∋ e^{ur_i} Σ_v dO_iv (q_i S)_v (ours, as chunk.py's BWD_MAIN=rowsum): taken
+# after the value loop from the dq accumulator, q_i · (dO_i Sᵀ) (one dot and one [C, BV] fp32 tile fewer per value
+# block than the kernel proven on the H200 up to 2026-12-03, which formed q·S per value block inside the loop), with q
+# loaded again after the loop and dq, dx stored before the band adjoints. Same sum, different rounding. Offline (sm_90a,
+# Triton 3.6 ptxas -v, bf16, W = 4, 8 warps, both 255 registers): spill stores 920 -> 572 bytes at K = V = 64, C = 64
+# (smem 69632 -> 61440), 888 -> 268 at K = V = 128, C = 32 (110592 -> 94208); W = 16: 4952 -> 1968.
+# Its value block (ours): FALCON_TRITON_3A_BWD_BV = 16 / 32 / 64 / 128, default 32 since 2026-12-03 (before: the
+# forward's, 64 at K <= 64, 32 above). Offline (sm_90a, Triton 3.6, bf16, K = V = 64, C = 64, W = 4, 8 warps) BV = 32
+# cut the spill stores from 572 to 120 bytes.
+# On the H200 (2026-12-03 at 12b0470, benchmarks/results/h200_logs/kernels_2026-12-03d/): this form passed rows 1-25
 # of `bench check --variants 3A` (every row the banded scan implements: core bf16/fp32 K = V = 16/64/128 at every
 # chunk size, the public op with continuation, CUDA-graph decode) at the forward's value block, and with BV = 32 the
 # 16 quick rows (K = 16/64/128, bf16 and fp32, varlen continuation, decode, native varlen); fwd+bwd of the public op
-# with "rowsum" and BV = 32: 2.37 / 5.25 / 2.71 / 2.93 ms at (16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64),
-# (16, 2048, 6, 128), against 3.18 ms with "dots" at the first shape in the same call (the other shapes' "dots" run
-# was cut by its time limit; the previous session's full table had 5.92 / 3.46 / 3.63 ms there).
+# with BV = 32: 2.37 / 5.25 / 2.71 / 2.93 ms at (16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64),
+# (16, 2048, 6, 128), against 3.18 ms with the in-loop dots at the first shape in the same call. Tried and removed
+# (FALCON_TRITON_3A_BWD=dots / split, the switch gone with them): the in-loop dots above, and a split into
+# _wl_bwd_main storing dA = dP ⊙ M plus a per-key-tile dq/dx kernel (fewer spills offline; on the H200 at c84b0ad
+# 25/25 rows passed but fwd+bwd was 3-4 % slower and peak 36-120 MB higher: kernels_2026-12-03e).
 WL_BWD_BV = env_choice("FALCON_TRITON_3A_BWD_BV", "32", ("16", "32", "64", "128"))
 
 
@@ -267,19 +261,11 @@ def _wl_store_dqdx(DQ, DX, DXC, tok, otok, cbase, c, ck, km, ckm, dq, dxo, dxc, 
 
 
 @triton.jit
-def _da_offsets(bh, n, NT, i, c, C: tl.constexpr, BWc: tl.constexpr):
-    """Offsets of chunk n's dA tiles (FALCON_TRITON_3A_BWD=split): own [C, C] in DAO, carried [C, BWc] in DAC."""
-    rows = (bh.to(tl.int64) * NT + n) * C + i
-    return rows[:, None] * C + i[None, :], rows[:, None] * BWc + c[None, :]
-
-
-@triton.jit
-def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG, DAO, DAC, T, XT, NT,
+def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG, T, XT, NT,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, BWc: tl.constexpr, READ_AFTER: tl.constexpr,
-                 PREC: tl.constexpr, ROWSUM: tl.constexpr, SPLIT: tl.constexpr):
-    """The banded scan's backward per chunk: dv, dη, d log γ, and dq, dx (or, SPLIT, the band-weighted dP ⊙ M
-    in DAO/DAC for _wl_bwd_dqdx, which forms dq and dx)."""
+                 PREC: tl.constexpr):
+    """The banded scan's backward per chunk: dv, dη, d log γ, dq, dx."""
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -331,11 +317,7 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
         vo, vc = _load_pairs(VW, otok, ctok, rmask, cm, cv, vmask, V)
         dPo += tl.dot(do, tl.trans(vo), input_precision=PREC)
         dPc += tl.dot(do, tl.trans(vc), input_precision=PREC)
-        if not ROWSUM:
-            qS = tl.dot(q, Sd, input_precision=PREC)
-            d_ur += tl.exp(ur) * tl.sum(do.to(tl.float32) * qS, 1)
-        if not SPLIT:
-            dq += tl.dot(do, tl.trans(Sd), input_precision=PREC)
+        dq += tl.dot(do, tl.trans(Sd), input_precision=PREC)
         duC += tl.sum(tl.sum(dH * S, 1), 0) * tl.exp(uC)
         xoG = tl.dot(xo, dHd, input_precision=PREC)
         xcG = tl.dot(xc, dHd, input_precision=PREC)
@@ -343,9 +325,8 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
         vcf = vc.to(tl.float32)
         dmo += tl.sum(xoG * vof, 1)
         dmc += tl.sum(xcG * vcf, 1)
-        if not SPLIT:
-            dxo += tl.dot((vof * mo[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
-            dxc += tl.dot((vcf * mc[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
+        dxo += tl.dot((vof * mo[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
+        dxc += tl.dot((vcf * mc[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
         dvo = tl.dot(PoT, do, input_precision=PREC) + xoG * mo[:, None]
         dvc = tl.dot(PcT, do, input_precision=PREC) + xcG * mc[:, None]
         tl.store(DV + otok[:, None] * V + cv[None, :], dvo.to(DV.dtype.element_ty), mask=vm)
@@ -354,23 +335,18 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
     Mc = _band_carried(i, c, u, eta, ur, C, W, READ_AFTER, BWc)
     dAo = dPo * Mo
     dAc = dPc * Mc
-    if ROWSUM:  # the read-out's row sum Σ_v dO_iv (q_i S)_v = q_i · (dO_i Sᵀ), off dq before its e^{ur} (ours)
-        # q loaded again rather than kept live across the loop (ours: fewer spills offline, see WL_BWD)
-        q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
-        d_ur += tl.exp(ur) * tl.sum(q.to(tl.float32) * dq, 1)
-    if SPLIT:  # dA for _wl_bwd_dqdx (ours)
-        oo, oc = _da_offsets(bh, n, NT, i, c, C, BWc)
-        tl.store(DAO + oo, dAo)
-        tl.store(DAC + oc, dAc)
-    else:
-        dq = dq * tl.exp(ur)[:, None] + tl.dot(dAo.to(dt), xo, input_precision=PREC) \
-            + tl.dot(dAc.to(dt), xc, input_precision=PREC)
-        dxo += tl.trans(tl.dot(tl.trans(q), dAo.to(dt), input_precision=PREC))
-        dxc += tl.trans(tl.dot(tl.trans(q), dAc.to(dt), input_precision=PREC))
+    # the read-out's row sum Σ_v dO_iv (q_i S)_v = q_i · (dO_i Sᵀ), off dq before its e^{ur} (ours); q loaded again
+    # rather than kept live across the loop (ours: fewer spills offline, see above WL_BWD_BV)
+    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
+    d_ur += tl.exp(ur) * tl.sum(q.to(tl.float32) * dq, 1)
+    dq = dq * tl.exp(ur)[:, None] + tl.dot(dAo.to(dt), xo, input_precision=PREC) \
+        + tl.dot(dAc.to(dt), xc, input_precision=PREC)
+    dxo += tl.trans(tl.dot(tl.trans(q), dAo.to(dt), input_precision=PREC))
+    dxc += tl.trans(tl.dot(tl.trans(q), dAc.to(dt), input_precision=PREC))
     dMo = dPo * tl.dot(q, tl.trans(xo), input_precision=PREC)
     dMc = dPc * tl.dot(q, tl.trans(xc), input_precision=PREC)
-    if ROWSUM:  # dq, dx are final here: stored before the band adjoints, not kept live through them (ours)
-        _wl_store_dqdx(DQ, DX, DXC, tok, otok, cbase, c, ck, km, ckm, dq, dxo, dxc, K)
+    # dq, dx are final here: stored before the band adjoints, not kept live through them (ours)
+    _wl_store_dqdx(DQ, DX, DXC, tok, otok, cbase, c, ck, km, ckm, dq, dxo, dxc, K)
     # the band sums' adjoints: d(Dr[i, s]) from M_o (s = j'+m) and M_c (s <= c), and dw_s from m_o, m_c
     d_u = tl.zeros([C], dtype=tl.float32)
     d_eta = tl.zeros([C], dtype=tl.float32)
@@ -411,61 +387,8 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
     dg = tl.cumsum(d_u, 0, reverse=True)
     if not READ_AFTER:
         dg -= d_ur
-    if not ROWSUM and not SPLIT:
-        _wl_store_dqdx(DQ, DX, DXC, tok, otok, cbase, c, ck, km, ckm, dq, dxo, dxc, K)
     tl.store(DETA + tok, d_eta, mask=rmask)
     tl.store(DG + tok, dg, mask=rmask)
-
-
-@triton.jit
-def _wl_bwd_dqdx(Q, XW, VW, ETA, G, HS, DHS, DO, DAO, DAC, DQ, DX, DXC, T, XT, NT, H: tl.constexpr,
-                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, W: tl.constexpr, BK: tl.constexpr,
-                 BV: tl.constexpr, BWc: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr):
-    """dq and dx of chunk n for key tile kt (FALCON_TRITON_3A_BWD=split, ours): dq = e^{ur} dO Sᵀ + dA_o X_o + dA_c X_c,
-    dx_own = (m_o ⊙ V_o) dHᵀ + dA_oᵀ Q, dx_car = (m_c ⊙ V_c) dHᵀ + dA_cᵀ Q, with dA from _wl_bwd_main."""
-    n = tl.program_id(0)
-    bh = tl.program_id(1)
-    kt = tl.program_id(2)
-    b = bh // H
-    h = bh % H
-    i = tl.arange(0, C)
-    c = tl.arange(0, BWc)
-    ck = kt * BK + tl.arange(0, BK)
-    kmask = ck < K
-    rmask, tok, g, u, ur = _chunk_vecs(G, b, h, n, i, T, H, C, READ_AFTER)
-    eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
-    uC = tl.sum(g, 0)
-    mo, mc, w = _state_weights(G, ETA, b, h, n, i, c, g, eta, u, uC, T, H, C, W, BWc)
-    otok, ctok, cm = _pair_rows(b, h, n, i, c, XT, H, C, W)
-    km = rmask[:, None] & kmask[None, :]
-    ckm = cm[:, None] & kmask[None, :]
-    dt = Q.dtype.element_ty
-    dq = tl.zeros([C, BK], dtype=tl.float32)
-    dxo = tl.zeros([C, BK], dtype=tl.float32)
-    dxc = tl.zeros([BWc, BK], dtype=tl.float32)
-    hbase = (bh.to(tl.int64) * NT + n) * K * V
-    cbase = (bh.to(tl.int64) * NT + n) * BWc
-    for vb in range(0, tl.cdiv(V, BV)):
-        cv = vb * BV + tl.arange(0, BV)
-        vmask = cv < V
-        soff = ck[:, None] * V + cv[None, :]
-        smask = kmask[:, None] & vmask[None, :]
-        Sd = tl.load(HS + hbase + soff, mask=smask, other=0.).to(dt)
-        dHd = tl.load(DHS + hbase + soff, mask=smask, other=0.).to(dt)
-        do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=rmask[:, None] & vmask[None, :], other=0.).to(dt)
-        vo, vc = _load_pairs(VW, otok, ctok, rmask, cm, cv, vmask, V)
-        dq += tl.dot(do, tl.trans(Sd), input_precision=PREC)
-        dxo += tl.dot((vo.to(tl.float32) * mo[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
-        dxc += tl.dot((vc.to(tl.float32) * mc[:, None]).to(dt), tl.trans(dHd), input_precision=PREC)
-    q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
-    xo, xc = _load_pairs(XW, otok, ctok, rmask, cm, ck, kmask, K)
-    oo, oc = _da_offsets(bh, n, NT, i, c, C, BWc)
-    dAo = tl.load(DAO + oo).to(dt)
-    dAc = tl.load(DAC + oc).to(dt)
-    dq = dq * tl.exp(ur)[:, None] + tl.dot(dAo, xo, input_precision=PREC) + tl.dot(dAc, xc, input_precision=PREC)
-    dxo += tl.trans(tl.dot(tl.trans(q), dAo, input_precision=PREC))
-    dxc += tl.trans(tl.dot(tl.trans(q), dAc, input_precision=PREC))
-    _wl_store_dqdx(DQ, DX, DXC, tok, otok, cbase, c, ck, km, ckm, dq, dxo, dxc, K)
 
 
 def chunk_for(K: int, C: int) -> int:
@@ -527,17 +450,8 @@ def window_linear_backward(q, xw, vw, eta, g, saved, dO, dST, *, read_after, C, 
     DVC = torch.zeros(B * H, NT, BW, V, dtype=f32, device=dev)
     deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
-    BVm = int(WL_BWD_BV)
-    split = WL_BWD == "split"
-    DAO = torch.empty(B * H, NT, C, C, dtype=f32, device=dev) if split else eta
-    DAC = torch.empty(B * H, NT, C, BW, dtype=f32, device=dev) if split else eta
-    _wl_bwd_main[(NT, B * H)](q, xw, vw, eta, g, HS, DHS, dO, dq, dxo, dvo, DXC, DVC, deta, dg, DAO, DAC, T, XT, NT,
-                              H, K, V, C, W, BK, BVm, BW, read_after, prec, WL_BWD == "rowsum", split, num_warps=8,
-                              **st)
-    if split:
-        BKq = min(BK, 64)
-        _wl_bwd_dqdx[(NT, B * H, cdiv(K, BKq))](q, xw, vw, eta, g, HS, DHS, dO, DAO, DAC, dq, dxo, DXC, T, XT, NT, H,
-                                                K, V, C, W, BKq, BVm, BW, read_after, prec, num_warps=4, **st)
+    _wl_bwd_main[(NT, B * H)](q, xw, vw, eta, g, HS, DHS, dO, dq, dxo, dvo, DXC, DVC, deta, dg, T, XT, NT,
+                              H, K, V, C, W, BK, int(WL_BWD_BV), BW, read_after, prec, num_warps=8, **st)
     return dq, _add_carried(dxo, DXC, xw.dtype, C, W, NT), _add_carried(dvo, DVC, vw.dtype, C, W, NT), deta, dg, DS0
 
 
