@@ -37,6 +37,7 @@
 #              for each SOLVE:BWD_SOLVE pair of F2_MODES (default "rows:exact fwd:blocked"), one process each;
 #   f2iso      experiments/h200/f2_isolate.sh: the blocked ways one at a time on Falcon-2's rows that failed;
 #   f2blk      Falcon-2's whole sweep with both passes by blocks (FALCON_TRITON_2_BLK_BWD=$F2_BLK, default 4,0,x32);
+#   switch_ab  experiments/h200/switch_ab.py: a switch's values (AB_SWITCH) timed interleaved in one process;
 #   f3gather_rest  rows 24-29 of Falcon-3-gather's sweep;
 #   stages     chunk.py's state passes at FALCON_TRITON_STATE_STAGES=$STAGES_TRY (default 4): quick rows, then timings;
 #   bwdmain    chunk.py's backward with FALCON_TRITON_BWD_MAIN=$BWD_MAIN_TRY (default split, the default since
@@ -204,6 +205,12 @@ falcon-3A-scans,fla_chunk_delta_rule} --out $W/kernels_bwdmain_\$m; done"
 step stages_time 240 bash -c "for m in default $SGT; do FALCON_TRITON_STATE_STAGES=\$([ \$m = default ] || echo \$m) \
   TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=$TC python3 -m falcon_lab.bench kernels --ops \
   falcon-1,falcon-1A,fla_chunk_delta_rule --out $W/kernels_stages_\$m; done"
+# switch_ab: a kernel switch's values timed in one process, interleaved (experiments/h200/switch_ab.py; GPU time from
+# the profiler, do_bench, host time, peak): AB_SWITCH (default chunk.BWD_MAIN=split,rowsum: Falcon-1A's K-dependent
+# question of 2026-12-03), AB_OPS, AB_REPS
+step switch_ab 300 env TRITON_CACHE_DIR="$TC" python3 experiments/h200/switch_ab.py \
+  --switch "${AB_SWITCH:-chunk.BWD_MAIN=split,rowsum}" --ops "${AB_OPS:-falcon-1,falcon-1A}" --reps "${AB_REPS:-3}" \
+  --out "$W/switch_ab"
 # warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared $TC (on
 # a fresh machine the full run alone spent its 440 s mostly compiling, fla's kernels above all: 2026-12-03 call 2)
 step warm 240 bash -c warm_cmd
