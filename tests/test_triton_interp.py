@@ -35,6 +35,11 @@ for delta in (True, False):
     CASES.append(_c(f"{v}-strong-decay-C64", delta=delta, C=64, T=64, B=1, H=1, strong=True, seed=4))
     CASES.append(_c(f"{v}-no-S0-no-dST", delta=delta, s0=False, no_dst=True, seed=5))
     CASES.append(_c(f"{v}-fp16", delta=delta, dtype="float16", seed=6))
+# A stored in the inputs' dtype (FALCON_TRITON_A_DTYPE=input, opt-in, ours): Falcon-1 in fp16 on F1-fp16's inputs (a
+# store rounds as the readers' cast does: the same errors), Falcon-3's expansion in fp16 at C = 64
+CASES.append(_c("F1-fp16-a-input", delta=True, dtype="float16", seed=6, a_dtype="input"))
+CASES.append(_c("F3-W4-fp16-C64-a-input", delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16, dtype="float16", seed=12,
+                a_dtype="input"))
 # Falcon-3A as W Falcon-1A scans (fused_window=False: what FALCON_TRITON_3A=scans and every packed call run)
 CASES.append(_c("F3A-W3-after-no-dST", delta=False, W=3, no_dst=True, seed=7, fused=False))
 CASES.append(_c("F3A-W4-before-C32", delta=False, W=4, after=False, C=32, T=45, seed=8, fused=False))
@@ -299,6 +304,9 @@ SWITCHES = [
     # _bwd_main's work as three kernels; =rowsum one kernel with the row sums from its accumulators
     (KT + "chunk", "BWD_MAIN", "FALCON_TRITON_BWD_MAIN", "split", "row",
      "FALCON_TRITON_BWD_MAIN must be 'rowsum' or 'split', got 'row'"),
+    # the triangular inverse A's storage between forward and backward; =input the inputs' dtype (opt-in)
+    (KT + "chunk", "A_DTYPE", "FALCON_TRITON_A_DTYPE", "fp32", "bf16",
+     "FALCON_TRITON_A_DTYPE must be 'fp32' or 'input', got 'bf16'"),
     # the banded 3A's backward value block
     (KT + "window_linear", "WL_BWD_BV", "FALCON_TRITON_3A_BWD_BV", "32", "48",
      "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),

@@ -167,6 +167,7 @@ if __name__ == "__main__":
     cases = json.loads(sys.argv[1])
     default_3a = kt._FALCON_3A
     default_bwd_main = kchunk.BWD_MAIN
+    default_a_dtype = kchunk.A_DTYPE
     default_wl_bwd_bv = kwl.WL_BWD_BV
     default_solve = kpdelta.SOLVE
     default_bwd_solve = kpdelta.BWD_SOLVE
@@ -180,6 +181,7 @@ if __name__ == "__main__":
         kpdelta.BLK_BWD = tuple(c.get("blk_bwd", default_blk_bwd))  # what FALCON_TRITON_2_BLK_BWD sets
         kcommon.STATE_BV = c.get("state_bv", "off")  # what FALCON_TRITON_STATE_BV sets
         kchunk.BWD_MAIN = c.get("bwd_main", default_bwd_main)  # what FALCON_TRITON_BWD_MAIN sets
+        kchunk.A_DTYPE = c.get("a_dtype", default_a_dtype)  # what FALCON_TRITON_A_DTYPE sets
         kwl.WL_BWD_BV = c.get("wl_bwd_bv", default_wl_bwd_bv)  # what FALCON_TRITON_3A_BWD_BV sets
         try:
             if c.get("recompute"):

@@ -38,6 +38,7 @@
 #   f2iso      experiments/h200/f2_isolate.sh: the blocked ways one at a time on Falcon-2's rows that failed;
 #   f2blk      Falcon-2's whole sweep with both passes by blocks (FALCON_TRITON_2_BLK_BWD=$F2_BLK, default 4,0,x32);
 #   switch_ab  experiments/h200/switch_ab.py: a switch's values (AB_SWITCH) timed interleaved in one process;
+#   ainput     A stored in the inputs' dtype (FALCON_TRITON_A_DTYPE=input): sweeps of 1 and 3, then timed vs fp32;
 #   f3gather_rest  rows 24-29 of Falcon-3-gather's sweep;
 #   stages     chunk.py's state passes at FALCON_TRITON_STATE_STAGES=$STAGES_TRY (default 4): quick rows, then timings;
 #   bwdmain    chunk.py's backward with FALCON_TRITON_BWD_MAIN=$BWD_MAIN_TRY (default split, the default since
@@ -156,6 +157,12 @@ cstep f2iso 330 bash experiments/h200/f2_isolate.sh "$W/f2iso"
 # FALCON_TRITON_UNPROVEN=1 exported (step f2solve_time)
 cstep f2blk 330 env FALCON_TRITON_2_SOLVE=blocked FALCON_TRITON_2_BLK_BWD=${F2_BLK:-4,0,x32} FALCON_TRITON_UNPROVEN=1 \
   python3 -m falcon_lab.bench check --variants 2 --out "$W/check_f2blk"
+# ainput's checks (its timing, ainput_time, below): Falcon-1's and -3's whole sweeps with A in the inputs' dtype
+want ainput && STEPS="$STEPS ainput_1 ainput_3 ainput_time"
+for v in 1 3; do
+  cstep "ainput_$v" 330 env FALCON_TRITON_A_DTYPE=input python3 -m falcon_lab.bench check --variants "$v" \
+    --out "$W/check_ainput_$v"
+done
 # bwdmain: chunk.py's backward with FALCON_TRITON_BWD_MAIN=$BWD_MAIN_TRY (default "split": _bwd_main as three
 # kernels, _bwd_cc, _bwd_dqdx, _bwd_gate, opt-in since 2026-12-03; "rowsum" was proven this way on 2026-12-03 at
 # 5e0a3b1 as steps rowsum_*): the whole sweeps of 1 and 1A, the quick rows of 3 and of 3A's W scans (which run
@@ -205,6 +212,11 @@ falcon-3A-scans,fla_chunk_delta_rule} --out $W/kernels_bwdmain_\$m; done"
 step stages_time 240 bash -c "for m in default $SGT; do FALCON_TRITON_STATE_STAGES=\$([ \$m = default ] || echo \$m) \
   TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=$TC python3 -m falcon_lab.bench kernels --ops \
   falcon-1,falcon-1A,fla_chunk_delta_rule --out $W/kernels_stages_\$m; done"
+# ainput: the triangular inverse A stored in the inputs' dtype (FALCON_TRITON_A_DTYPE=input, opt-in since 2026-12-03,
+# thirteenth session): the whole sweeps of Falcon-1 and -3 (the families that store A) with it, then both values timed
+# in one process (switch_ab.py: GPU time, peak) for falcon-1 and falcon-3 (the checks are above, before `wait`)
+step ainput_time 300 env TRITON_CACHE_DIR="$TC" python3 experiments/h200/switch_ab.py --switch \
+  chunk.A_DTYPE=fp32,input --ops falcon-1,falcon-3 --reps 2 --out "$W/switch_ab_ainput"
 # switch_ab: a kernel switch's values timed in one process, interleaved (experiments/h200/switch_ab.py; GPU time from
 # the profiler, do_bench, host time, peak): AB_SWITCH (default chunk.BWD_MAIN=split,rowsum: Falcon-1A's K-dependent
 # question of 2026-12-03), AB_OPS, AB_REPS
