@@ -55,8 +55,8 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # rows pass and compute-sanitizer memcheck finds nothing at fp32 K = 64, C = 64) and read shared or local memory out
 # of range at fp32 K = 64, C = 64 at 8 warps (in _bwd_solve_blocked's loop over sub-blocks, last first): "blocked"
 # runs on CUDA only with FALCON_TRITON_UNPROVEN=1. FALCON_TRITON_2_BLK_BWD="warps,bv[,f32][,s1]" sets the launch of
-# that reverse kernel (default "8,0": 8 warps, the pass's value tile) for the experiments that isolate it (ours, not yet
-# on a GPU): ",f32" runs its blocked transposed solve's dots on fp32 operands (the key tile cast up, fp32 dot precision)
+# that reverse kernel (default "8,0": 8 warps, the pass's value tile) for the experiments that isolate it (ours):
+# ",f32" runs its blocked transposed solve's dots on fp32 operands (the key tile cast up, fp32 dot precision)
 # also for 16-bit inputs, ",s1" compiles it with one pipeline stage for 16-bit inputs too. Both are what its fp32 builds
 # do (fp32 launches keep one stage, common._stages). On the H200 (2026-12-03, 12b0470, kernels_2026-12-03d) at 4 warps
 # every fp32 row passed (value tiles 16, 32, 64) while bf16 failed at K = 128 (tile 32 or 16) and at K = 64 with tile
@@ -76,8 +76,7 @@ try:
     assert BLK_BWD[0] in (1, 2, 4, 8, 16) and BLK_BWD[1] in (0, 16, 32, 64, 128)
 except (ValueError, AssertionError):
     raise ValueError("FALCON_TRITON_2_BLK_BWD must be 'warps,bv' with optional ',f32' or ',x32' and ',s1' (warps 1-16, "
-                     "a power "
-                     "of two; bv 0 = the pass's value tile, or 16-128), got "
+                     "a power of two; bv 0 = the pass's value tile, or 16-128), got "
                      f"{os.environ.get('FALCON_TRITON_2_BLK_BWD')!r}") from None
 
 
@@ -435,6 +434,7 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
         if F32DOT == 2:
             x = x.to(tl.float32)
             q = q.to(tl.float32)
+        OPREC: tl.constexpr = PREC32 if F32DOT == 2 else PREC  # the dots outside the solve
         dt = x.dtype
         eta = tl.load(ETA + off, mask=vm, other=0.)
         g = tl.load(G + off, mask=vm, other=0.)
@@ -446,16 +446,14 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
             ur = u
         else:
             ur = up
-        dsu = tl.dot(x, dH.to(dt), input_precision=PREC32 if F32DOT == 2 else PREC) \
-            * tl.exp(tl.minimum(uC[None, :] - u, 0.))
+        dsu = tl.dot(x, dH.to(dt), input_precision=OPREC) * tl.exp(tl.minimum(uC[None, :] - u, 0.))
         tl.store(DSU + off, dsu, mask=vm)
         d = eta * (tl.load(DUI + off, mask=vm, other=0.) + dsu)
         tl.store(DRHS + off, d, mask=vm)
         tl.debug_barrier()
         xd = _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H, K, V, C, BK, BV, SBS,
                                 PREC32 if F32DOT > 0 else PREC, F32DOT > 0)
-        dH = dH * tl.exp(uC)[None, :] \
-            + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(dt), input_precision=PREC32 if F32DOT == 2 else PREC) - xd
+        dH = dH * tl.exp(uC)[None, :] + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(dt), input_precision=OPREC) - xd
     if STORE_DS0:
         tl.store(DS0 + bh64 * K * V + soff, dH, mask=smask)
 
