@@ -186,6 +186,19 @@ SGT=${STAGES_TRY:-4}
 want stages && STEPS="$STEPS stages_check stages_time"
 cstep stages_check 300 env FALCON_TRITON_STATE_STAGES=$SGT python3 -m falcon_lab.bench check --quick --variants 1,1A \
   --out "$W/check_stages_$SGT"
+# xcheck: row ranges of any check under given switches, one process each (what an earlier call's capped check did not
+# reach, or one sweep split in two): XCHECKS="name|VAR=v VAR2=v|variants|rows;..." -> steps x_<name> (written
+# 2026-12-03, fourteenth session: call 1's four parallel sweeps stopped at rows 20-23 at their 300 s cap)
+if [ -n "${XCHECKS:-}" ]; then
+  IFS=';' read -ra _xs <<< "$XCHECKS"
+  for _x in "${_xs[@]}"; do
+    IFS='|' read -r _xn _xe _xv _xr <<< "$_x"
+    STEPS="$STEPS x_$_xn"
+    # shellcheck disable=SC2086  # _xe: several VAR=v words
+    cstep "x_$_xn" 330 env $_xe python3 -m falcon_lab.bench check --variants "$_xv" --rows "$_xr" \
+      --out "$W/check_x_$_xn"
+  done
+fi
 warm_cmd() {
   python3 -c 'from falcon_lab.benchmarking.kernels import OPS, SHAPES
 for o in OPS:
@@ -220,7 +233,7 @@ step ainput_time 300 env TRITON_CACHE_DIR="$TC" python3 experiments/h200/switch_
 # switch_ab: a kernel switch's values timed in one process, interleaved (experiments/h200/switch_ab.py; GPU time from
 # the profiler, do_bench, host time, peak): AB_SWITCH (default chunk.BWD_MAIN=split,rowsum: Falcon-1A's K-dependent
 # question of 2026-12-03), AB_OPS, AB_REPS
-step switch_ab 300 env TRITON_CACHE_DIR="$TC" python3 experiments/h200/switch_ab.py \
+step switch_ab 300 env ${AB_ENV:-} TRITON_CACHE_DIR="$TC" python3 experiments/h200/switch_ab.py \
   --switch "${AB_SWITCH:-chunk.BWD_MAIN=split,rowsum}" --ops "${AB_OPS:-falcon-1,falcon-1A}" --reps "${AB_REPS:-3}" \
   --out "$W/switch_ab"
 # warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared $TC (on
@@ -245,7 +258,7 @@ step statebv_time 240 bash -c "for m in off auto; do FALCON_TRITON_STATE_BV=\$m 
   python3 -m falcon_lab.bench kernels --ops falcon-1,falcon-1A,falcon-3A --out $W/kernels_statebv_\$m; done"
 step varlen_time 150 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/varlen_bench.py --out "$W/varlen_bench"
 step f3gather_time 200 bash -c "for m in expand gather; do FALCON_TRITON_3=\$m python3 -m falcon_lab.bench \
-  kernels --ops falcon-3,falcon-1 --out $W/kernels_f3_\$m; done"
+  kernels --ops ${F3G_OPS:-falcon-3,falcon-1} --out $W/kernels_f3_\$m; done"
 step f2torch 150 python3 -m falcon_lab.bench kernels --quick --out "$W/kernels_f2torch" \
   --ops falcon-2,torch_chunk_falcon-2,falcon-2A,torch_chunk_falcon-2A
 step host 240 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/host_bound.py --out "$W/host_bound"
