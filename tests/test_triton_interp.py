@@ -35,11 +35,13 @@ for delta in (True, False):
     CASES.append(_c(f"{v}-strong-decay-C64", delta=delta, C=64, T=64, B=1, H=1, strong=True, seed=4))
     CASES.append(_c(f"{v}-no-S0-no-dST", delta=delta, s0=False, no_dst=True, seed=5))
     CASES.append(_c(f"{v}-fp16", delta=delta, dtype="float16", seed=6))
-# A stored in the inputs' dtype (FALCON_TRITON_A_DTYPE=input, opt-in, ours): Falcon-1 in fp16 on F1-fp16's inputs (a
-# store rounds as the readers' cast does: the same errors), Falcon-3's expansion in fp16 at C = 64
-CASES.append(_c("F1-fp16-a-input", delta=True, dtype="float16", seed=6, a_dtype="input"))
+# A's storage (ours): the cases above store it in the inputs' dtype (FALCON_TRITON_A_DTYPE=auto, the default since
+# 2026-12-03; fp32 for Falcon-3's in-place pseudo-tokens); here Falcon-1 in fp16 on F1-fp16's inputs with A in fp32
+# (=fp32, the opt-out: a store rounds as the readers' cast does, so the same errors), Falcon-3's expansion in fp16 at
+# C = 64 with =input
+CASES.append(_c("F1-fp16-a-fp32", delta=True, dtype="float16", seed=6, a_dtype="fp32"))
 CASES.append(_c("F3-W4-fp16-C64-a-input", delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16, dtype="float16", seed=12,
-                a_dtype="input"))
+                a_dtype="input", fused=False))
 # Falcon-3A as W Falcon-1A scans (fused_window=False: what FALCON_TRITON_3A=scans and every packed call run)
 CASES.append(_c("F3A-W3-after-no-dST", delta=False, W=3, no_dst=True, seed=7, fused=False))
 CASES.append(_c("F3A-W4-before-C32", delta=False, W=4, after=False, C=32, T=45, seed=8, fused=False))
@@ -66,11 +68,14 @@ CASES.append(_c("F3A-banded-bv16-W4-K48-V80", delta=False, W=4, T=40, B=1, H=1, 
                 fused=True, wl_bwd_bv="16"))
 CASES.append(_c("F3A-banded-bv64-W3-before-C64-K16-V80", delta=False, W=3, after=False, C=64, T=65, B=1, H=1,
                 K=16, V=80, seed=141, fused=True, wl_bwd_bv="64"))
-CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9))
-CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10))
+# Falcon-3 on its host expansion (fused_window=False: FALCON_TRITON_3=expand, and every packed call)
+CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9, fused=False))
+CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10,
+                fused=False))
 CASES.append(_c("F3-W4-C64-strong-decay-no-dST", delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True,
-                no_dst=True, seed=12))
-# Falcon-3 with its pseudo-tokens read in place by the kernels (fused_window=True: no host expansion)
+                no_dst=True, seed=12, fused=False))
+# Falcon-3 with its pseudo-tokens read in place by the kernels (fused_window=True: FALCON_TRITON_3=gather, the default
+# for unpacked calls since 2026-12-03: no host expansion)
 CASES.append(_c("F3-gather-W4-after", delta=True, W=4, seed=9, fused=True))
 CASES.append(_c("F3-gather-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10,
                 fused=True))
@@ -87,7 +92,7 @@ CASES.append(_c("F2A-fp16", delta=False, per_col=True, dtype="float16", seed=16)
 CASES.append(_c("F1-state-bv16", delta=True, K=32, V=48, T=40, B=1, H=1, seed=17, state_bv="16"))
 CASES.append(_c("F1A-state-bv16-before-C32", delta=False, K=32, V=48, T=40, B=1, H=1, C=32, after=False, seed=18,
                 state_bv="16"))
-CASES.append(_c("F3-state-bv16", delta=True, W=2, K=16, V=48, T=20, B=1, H=1, seed=20, state_bv="16"))
+CASES.append(_c("F3-state-bv16", delta=True, W=2, K=16, V=48, T=20, B=1, H=1, seed=20, state_bv="16", fused=False))
 # Falcon-2A / -2 with the intra-chunk term by 16-row sub-blocks (FALCON_TRITON_2A=blocked; C = 16 is one block)
 CASES.append(_c("F2A-blocked-C64-V48", delta=False, per_col=True, C=64, T=70, B=1, V=48, seed=13, intra="blocked"))
 CASES.append(_c("F2A-blocked-before-C32-strong-decay", delta=False, per_col=True, after=False, C=32, T=45, B=1, K=16,
@@ -129,7 +134,7 @@ CASES.append(_c("F2-exact-fp16-C64-K48-V80", delta=True, per_col=True, C=64, T=7
 ROWSUM = [("F1-after-C16", {}), ("F1-before-C16", dict(after=False)), ("F1A-C64-T65", dict(delta=False, C=64, T=65,
           B=1, H=1, K=32, V=32)), ("F1-fp16", dict(dtype="float16")), ("F1A-before-C32-K48-V16", dict(
           delta=False, after=False, C=32, T=70, K=48, V=16, B=1)), ("F3-W4-C64-strong-decay", dict(
-          W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True)), ("F3-gather-W2-before-C32", dict(
+          W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True, fused=False)), ("F3-gather-W2-before-C32", dict(
           W=2, after=False, C=32, T=45, B=1, K=16, V=16, fused=True)), ("F3A-scans-W4-no-dST", dict(
           delta=False, W=4, no_dst=True, fused=False))]
 CASES += [_c(f"bwd-main-rowsum-{n}", seed=110 + i, bwd_main="rowsum", **kw) for i, (n, kw) in enumerate(ROWSUM)]
@@ -304,9 +309,9 @@ SWITCHES = [
     # _bwd_main's work as three kernels; =rowsum one kernel with the row sums from its accumulators
     (KT + "chunk", "BWD_MAIN", "FALCON_TRITON_BWD_MAIN", "split", "row",
      "FALCON_TRITON_BWD_MAIN must be 'rowsum' or 'split', got 'row'"),
-    # the triangular inverse A's storage between forward and backward; =input the inputs' dtype (opt-in)
-    (KT + "chunk", "A_DTYPE", "FALCON_TRITON_A_DTYPE", "fp32", "bf16",
-     "FALCON_TRITON_A_DTYPE must be 'fp32' or 'input', got 'bf16'"),
+    # the triangular inverse A's storage between forward and backward: the inputs' dtype (fp32 for Falcon-3 in place)
+    (KT + "chunk", "A_DTYPE", "FALCON_TRITON_A_DTYPE", "auto", "bf16",
+     "FALCON_TRITON_A_DTYPE must be 'auto', 'fp32' or 'input', got 'bf16'"),
     # the banded 3A's backward value block
     (KT + "window_linear", "WL_BWD_BV", "FALCON_TRITON_3A_BWD_BV", "32", "48",
      "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),
@@ -315,8 +320,8 @@ SWITCHES = [
      "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd' or 'blocked', got 'block'"),
     # ... and its solve's gradients by sub-blocks; =exact the broadcast
     (KT + "percol_delta", "BWD_SOLVE", "FALCON_TRITON_2_BWD_SOLVE", "blocked", None, None),
-    # the blocked reverse pass's launch (experiments only)
-    (KT + "percol_delta", "BLK_BWD", "FALCON_TRITON_2_BLK_BWD", None, "3,0",
+    # the blocked reverse pass's launch ("4,0,x32", the one proven on the H200)
+    (KT + "percol_delta", "BLK_BWD", "FALCON_TRITON_2_BLK_BWD", (4, 0, 2, False), "3,0",
      "FALCON_TRITON_2_BLK_BWD must be 'warps,bv'"),
 ]
 

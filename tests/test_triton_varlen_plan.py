@@ -48,10 +48,14 @@ def test_which_calls_run_natively():
             assert varlen_check(three, window=4, device_type="cpu")[0]  # the 3A switch is not Falcon-3's
     finally:
         kt._FALCON_3A = prev
-    in_place, kt._FALCON_3 = kt._FALCON_3, "gather"
+    # Falcon-3: natively on its expansion under either FALCON_TRITON_3, the in-place default included (core runs a
+    # packed call on the expansion: the in-place pseudo-tokens have no packed form); never padded for it
+    in_place = kt._FALCON_3
     try:
-        ok, why = varlen_check(three, window=4, device_type="cpu")  # pseudo-tokens read in place: padded
-        assert not ok and "in place" in why, why
+        for mode in ("gather", "expand"):
+            kt._FALCON_3 = mode
+            ok, why = varlen_check(three, window=4, device_type="cpu")
+            assert ok and "expansion" in why, (mode, why)
     finally:
         kt._FALCON_3 = in_place
     ok, why = varlen_check(one, window=1, device_type="cuda")

@@ -24,12 +24,11 @@ What runs where (docs/kernels-triton.md):
     Falcon-3 and torch.compile use the PyTorch prep (falcon_lab/kernels/prep.py);
   * scalar gates, window W > 1, delta (Falcon-3), W dividing 16: the same chunk kernels on the
     pseudo-token expansion (falcon-math.md §6.6: T·W pseudo-tokens, block-strict mask so every residual
-    of a step uses S_{t-1}). Proven on the H200 (W = 4, bf16 and fp32, fwd+bwd, through the op). Opt-in
-    (FALCON_TRITON_3=gather / core(fused_window=True)): the kernels read the pseudo-tokens in place from q, η, log γ
-    and the pair stream, so the host makes no W-fold copies of the inputs, the output or their gradients
-    (interpreter-tested against float64; on the H200 -15 % peak memory, but its fp32 K = V = 16 row read shared
-    memory out of bounds under tf32x3 dots; with "ieee" at that size its 23 rows reached on 2026-12-03 passed, the
-    sweep did not finish; still opt-in);
+    of a step uses S_{t-1}). Proven on the H200 (W = 4, bf16 and fp32, fwd+bwd, through the op). The default for
+    unpacked calls since 2026-12-03 (FALCON_TRITON_3=gather / core(fused_window=True)): the kernels read the
+    pseudo-tokens in place from q, η, log γ and the pair stream, so the host makes no W-fold copies of the inputs,
+    the output or their gradients (every row of its H200 check sweep it implements passed; −12 to −14 % peak and
+    −4 to −14 % fwd+bwd time against the expansion); FALCON_TRITON_3=expand / fused_window=False expands on the host;
   * per-column gates, linear (Falcon-2A): percol.py, the intra-chunk decays by 16-row sub-blocks, the blocks below
     the diagonal as tensor-core dots (also for Falcon-2; the default since 2026-12-03: all 34 rows of `bench check
     --quick --variants 2A,2` passed on the H200, at 0.79-0.84x the time of the exact [C, C, 4]-column broadcast,
@@ -45,8 +44,8 @@ What runs where (docs/kernels-triton.md):
     prep, prep.py; windowed variants' pair stream packs each sequence's W-1 carried rows before its pairs; Falcon-3's
     pseudo-tokens of sequence s start at cu[s]·W), no padding to [N, T_max]; interpreter-tested against float64 and
     proven on the H200 (bf16 and fp32, C = 16 and 64; Falcon-3's since 2026-12-03); the banded Falcon-3A has no
-    packed form, so a packed Falcon-3A call runs the W scans natively under either FALCON_TRITON_3A; Falcon-3 in
-    place (FALCON_TRITON_3=gather) pads, and FALCON_TRITON_VARLEN=pad pads every variant;
+    packed form, so a packed Falcon-3A call runs the W scans natively under either FALCON_TRITON_3A, and a packed
+    Falcon-3 call its expansion under either FALCON_TRITON_3; FALCON_TRITON_VARLEN=pad pads every variant;
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
 before triton is first imported (the tests start a subprocess for that).
 """
@@ -92,10 +91,15 @@ _TF32 = os.environ.get("FALCON_TRITON_TF32", "0") == "1"
 # or "scans" (W Falcon-1A scans, proven on the H200; the opt-out). Packed calls (cu_seqlens) and windows above the
 # banded kernel's 16 run the scans either way. Ours; `core(fused_window=)` overrides it per call.
 _FALCON_3A = env_choice("FALCON_TRITON_3A", "banded", ("scans", "banded"))
-# Falcon-3: "expand" (the T·W pseudo-tokens materialised on the host, proven on the H200) or "gather" (the chunk
-# kernels read them in place from q, η, log γ and the pair stream: no expanded copies of the inputs, outputs or their
-# gradients; interpreter-tested, not yet run on a GPU). Ours; `core(fused_window=)` overrides it per call.
-_FALCON_3 = env_choice("FALCON_TRITON_3", "expand", ("expand", "gather"))
+# Falcon-3: "gather" (the chunk kernels read the T·W pseudo-tokens in place from q, η, log γ and the pair stream: no
+# expanded copies of the inputs, outputs or their gradients; the default for unpacked calls since 2026-12-03,
+# fourteenth session: every row of `bench check --variants 3` it implements passed on the H200 with the split
+# _bwd_main (3a650c1/71520f4: rows 1-20 and 21-25; rows 26-29 are packed calls, which take the expansion), fwd+bwd
+# 8.25 / 12.05 / 8.99 / 7.23 ms against the expansion's 9.60 / 12.60 / 10.36 / 8.35 at the benchmark's four shapes,
+# peak 3481 vs 4026 MB at (16, 2048, 12, 64): benchmarks/results/h200_logs/kernels_2026-12-03f/) or "expand" (the
+# pseudo-tokens materialised on the host, proven on the H200; what packed calls run). Ours; `core(fused_window=)`
+# overrides it per call.
+_FALCON_3 = env_choice("FALCON_TRITON_3", "gather", ("expand", "gather"))
 # The op's prep for window 1 with the Triton backend: "fused" (prep.py here, one kernel each way, plain eager calls)
 # or "torch" (falcon_lab/kernels/prep.py, always used under torch.compile and for windows > 1). Ours.
 _PREP = env_choice("FALCON_TRITON_PREP", "fused", ("fused", "torch"))
@@ -158,8 +162,6 @@ def varlen_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") ->
     """(whether a Triton-backend call with cu_seqlens runs the packed batch natively, why); else it is padded."""
     if _VARLEN != "native":
         return False, "FALCON_TRITON_VARLEN=pad"
-    if spec.window(window) != 1 and spec.delta and _FALCON_3 != "expand":
-        return False, "native packed sequences run Falcon-3 on its host expansion, not in place (FALCON_TRITON_3)"
     # Falcon-3A: the banded kernel (FALCON_TRITON_3A=banded, the default) has no packed form, so `core` runs a packed
     # call as the W scans, natively (proven: "3A" in PROVEN_VARLEN); only the unpacked calls take the banded scan
     if device_type == "cuda" and not (spec.variant in PROVEN_VARLEN or _unproven_enabled()):
@@ -167,6 +169,8 @@ def varlen_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") ->
                        "(FALCON_TRITON_UNPROVEN=1 runs them anyway)")
     if spec.window(window) != 1 and not spec.delta:
         return True, "native packed sequences (chunk kernels read cu_seqlens; Falcon-3A as its W scans)"
+    if spec.window(window) != 1:  # the in-place pseudo-tokens (FALCON_TRITON_3=gather) have no packed form
+        return True, "native packed sequences (chunk kernels read cu_seqlens; Falcon-3 on its host expansion)"
     return True, "native packed sequences (chunk kernels read cu_seqlens)"
 
 
@@ -255,7 +259,7 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     Falcon-1A scans (False), None following FALCON_TRITON_3A (default "banded" since 2026-12-03, proven on the H200;
     with cu_seqlens, or a window above 16, None runs the scans);
     Falcon-3 with its pseudo-tokens read in place (True) or expanded on the host (False), None following
-    FALCON_TRITON_3 (default "expand", the path proven on the H200).
+    FALCON_TRITON_3 (default "gather" since 2026-12-03, proven on the H200; with cu_seqlens the expansion).
 
     allow_tf32: fp32 inputs use full-precision ("ieee") dots unless this is True (or the environment
     sets FALCON_TRITON_TF32=1). 16-bit inputs always use tensor-core dots with fp32 accumulation.

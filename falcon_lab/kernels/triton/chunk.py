@@ -28,8 +28,8 @@ Every exponent is <= 0 (clamped with min(., 0) against rounding). Kernels:
 
 All accumulation is fp32; dot operands are in the input dtype (bf16/fp16 -> tensor cores; fp32 ->
 full-precision "ieee" dots unless tf32 is asked for). States and the backward's dU are kept in fp32;
-Wt, Vt and R (the residuals) are stored in the input dtype (as fla does); A in fp32 (FALCON_TRITON_A_DTYPE=input:
-the input dtype, as fla).
+Wt, Vt and R (the residuals) are stored in the input dtype (as fla does), and A too (FALCON_TRITON_A_DTYPE=auto, the
+default; fp32 for Falcon-3's in-place pseudo-tokens and with =fp32).
 """
 
 from __future__ import annotations
@@ -59,18 +59,22 @@ from .host import env_choice
 # (16, 2048, 6, 128): a K-dependent choice is the next thing to time in one process
 # (benchmarks/results/h200_logs/kernels_2026-12-03e/README.md).
 BWD_MAIN = env_choice("FALCON_TRITON_BWD_MAIN", "split", ("rowsum", "split"))
-# The storage of the triangular inverse A between _fwd_prep and the backward (ours): "fp32" (the default, the builds
-# proven on the H200) or "input" (the inputs' dtype, as fla stores its A and as this module's docstring says A is
-# kept: opt-in, interpreter-tested, not yet on a GPU). Every reader casts A to the inputs' dtype after loading it
-# (_bwd_main, _bwd_cc: AiT = trans(A).to(dt)), and a store rounds as that cast does, so the gradients should not
-# change; half of A's bytes (for Falcon-3's expansion at (16, 2048, 12, 64): 403 -> 201 MB of its ~4.2 GB peak;
-# Falcon-1: 101 -> 50 MB) and half its reads in the backward.
-A_DTYPE = env_choice("FALCON_TRITON_A_DTYPE", "fp32", ("fp32", "input"))
+# The storage of the triangular inverse A between _fwd_prep and the backward (ours): "input" (the inputs' dtype, as
+# fla stores its A), "fp32", or "auto" (the default since 2026-12-03, fourteenth session: the inputs' dtype, except fp32
+# for Falcon-3's in-place pseudo-tokens, gather=True, whose build with a 16-bit A has not run on the GPU). Every reader
+# casts A to the inputs' dtype after loading it (_bwd_cc, and =rowsum's _bwd_main: AiT = trans(A).to(dt)), and a
+# store rounds as that cast does, so the gradients do not change: on the H200 (2026-12-03, 3a650c1 and 71520f4,
+# kernels_2026-12-03f) Falcon-1's and Falcon-3's (expansion) whole check sweeps pass with "input" (29/29 each), fwd+bwd
+# 0.986-0.996x "fp32" in one process, peak -24 to -48 MB (Falcon-1) and -96 to -192 MB (Falcon-3's expansion) at the
+# benchmark's four shapes (with the split _bwd_main; =rowsum with a 16-bit A has not run on the GPU).
+A_DTYPE = env_choice("FALCON_TRITON_A_DTYPE", "auto", ("auto", "fp32", "input"))
 
 
-def a_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype A is stored in for inputs of `dtype` (A_DTYPE)."""
-    return dtype if A_DTYPE == "input" else torch.float32
+def a_dtype(dtype: torch.dtype, gather: bool = False) -> torch.dtype:
+    """The dtype A is stored in for inputs of `dtype` (A_DTYPE; gather: Falcon-3's in-place pseudo-tokens)."""
+    if A_DTYPE == "input" or (A_DTYPE == "auto" and not gather):
+        return dtype
+    return torch.float32
 
 
 # ------------------------------------------------------------------------------------------------
@@ -959,7 +963,7 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
     XT = x.shape[1] if cu_seqlens is None else (x.shape[1] - T) // NS  # packed: each sequence's carried pair rows
     f32 = torch.float32
     if delta:
-        A = torch.empty(B, T, H, C, dtype=a_dtype(q.dtype), device=dev)
+        A = torch.empty(B, T, H, C, dtype=a_dtype(q.dtype, gather), device=dev)
         WT = torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
         VT = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
         R = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)

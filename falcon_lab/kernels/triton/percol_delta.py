@@ -51,24 +51,19 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # native varlen; 2026-12-03 at 12b0470, benchmarks/results/h200_logs/kernels_2026-12-03d/) and took Falcon-2's
 # fwd+bwd from 33.9 / 111.5 / 60.7 / 32.7 ms to 30.2 / 88.2 / 47.2 / 28.3 ms ("rows" / "exact") at (16, 2048, 12,
 # 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128), same call. The reverse pass by blocks
-# (_pcd_bwd_state_blk) gave every gradient through dH wrong at K = 128, C = 64 bf16 (also at 4 warps, where its fp32
-# rows pass and compute-sanitizer memcheck finds nothing at fp32 K = 64, C = 64) and read shared or local memory out
-# of range at fp32 K = 64, C = 64 at 8 warps (in _bwd_solve_blocked's loop over sub-blocks, last first): "blocked"
-# runs on CUDA only with FALCON_TRITON_UNPROVEN=1. FALCON_TRITON_2_BLK_BWD="warps,bv[,f32][,s1]" sets the launch of
-# that reverse kernel (default "8,0": 8 warps, the pass's value tile) for the experiments that isolate it (ours):
-# ",f32" runs its blocked transposed solve's dots on fp32 operands (the key tile cast up, fp32 dot precision)
-# also for 16-bit inputs, ",s1" compiles it with one pipeline stage for 16-bit inputs too. Both are what its fp32 builds
-# do (fp32 launches keep one stage, common._stages). On the H200 (2026-12-03, 12b0470, kernels_2026-12-03d) at 4 warps
-# every fp32 row passed (value tiles 16, 32, 64) while bf16 failed at K = 128 (tile 32 or 16) and at K = 64 with tile
-# 16 (passed with 64); at 8 warps fp32 read out of range (K = 64, tile 64; K = 128, tile 16). Triton's software
-# pipelining of the solve's loads (3 stages for 16-bit inputs) was our suspect for the bf16 failures: on the H200
-# (2026-12-03, c84b0ad, kernels_2026-12-03e) ",s1", ",f32" and both still fail bf16 K = 128 (memcheck clean), so neither
-# the pipelining nor the solve's dot operands is the fault. ",x32" (ours, not yet on a GPU) casts q and x up after
-# their loads, so every dot of the reverse kernel, the dsu and dH-update dots outside the solve too, runs on fp32
-# operands at fp32 dot precision: for bf16 inputs the code the passing fp32 builds compile.
+# (_pcd_bwd_state_blk, "blocked") is proven with its launch FALCON_TRITON_2_BLK_BWD="4,0,x32" (the default launch:
+# 4 warps, the pass's value tile, q and x cast up after their loads so every dot of the kernel runs on fp32 operands
+# at fp32 dot precision, the code its fp32 builds compile): all 29 rows of `bench check --variants 2` on the H200
+# (2026-12-03, fourteenth session, 71520f4, benchmarks/results/h200_logs/kernels_2026-12-03f/). It is not the default:
+# in one process against "fwd" its fwd+bwd GPU time was 0.89 / 1.07 / 0.99 / 0.98x at the four shapes above (faster
+# only at (16, 2048, 12, 64)). Other launches stay behind FALCON_TRITON_UNPROVEN=1 on CUDA: with 16-bit dots at
+# 4 warps bf16 K = 128 gave every gradient through dH wrong (also with one pipeline stage, ",s1", and with fp32
+# operands in the transposed solve only, ",f32"; memcheck clean each time), and at 8 warps fp32 read shared or local
+# memory out of range (K = 64, tile 64; K = 128, tile 16; in _bwd_solve_blocked's loop over sub-blocks, last first)
+# (kernels_2026-12-03c/-d/-e). FALCON_TRITON_2_BLK_BWD="warps,bv[,f32|,x32][,s1]" sets that launch (ours).
 SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "fwd", ("rows", "fwd", "blocked"))
 try:
-    _blk = os.environ.get("FALCON_TRITON_2_BLK_BWD", "8,0").split(",")
+    _blk = os.environ.get("FALCON_TRITON_2_BLK_BWD", "4,0,x32").split(",")
     assert len(_blk) >= 2 and set(_blk[2:]) <= {"f32", "x32", "s1"} and len(set(_blk[2:])) == len(_blk) - 2
     assert not {"f32", "x32"} <= set(_blk[2:])
     # (warps, value tile or 0, fp32 dot operands: 0 none, 1 the solve's ("f32"), 2 every dot ("x32"), one stage)
@@ -78,6 +73,9 @@ except (ValueError, AssertionError):
     raise ValueError("FALCON_TRITON_2_BLK_BWD must be 'warps,bv' with optional ',f32' or ',x32' and ',s1' (warps 1-16, "
                      "a power of two; bv 0 = the pass's value tile, or 16-128), got "
                      f"{os.environ.get('FALCON_TRITON_2_BLK_BWD')!r}") from None
+
+
+PROVEN_BLK_BWD = (4, 0, 2, False)  # "4,0,x32": the launch whose whole check sweep passed on the H200
 
 
 # The solve's own gradients (pass 1 of _pcd_bwd_solve): "blocked" (_pcd_bwd_solve_blk, 16-row sub-blocks with
@@ -719,9 +717,10 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     # mix of the builds that pass (experiments/h200/pcd_offline_compile.py). Masked columns cost nothing in bounds.
     BVb = max(BVs, 32) if q.dtype == torch.float32 else BVs
     if SOLVE == "blocked" and C > 16:
-        if dev.type == "cuda" and os.environ.get("FALCON_TRITON_UNPROVEN", "0") != "1":
-            raise RuntimeError("FALCON_TRITON_2_SOLVE=blocked: the reverse state pass by sub-blocks failed on the H200 "
-                               "(2026-12-03); it runs on CUDA only with FALCON_TRITON_UNPROVEN=1 (use 'fwd' or 'rows')")
+        if dev.type == "cuda" and BLK_BWD != PROVEN_BLK_BWD and os.environ.get("FALCON_TRITON_UNPROVEN", "0") != "1":
+            raise RuntimeError("FALCON_TRITON_2_SOLVE=blocked with FALCON_TRITON_2_BLK_BWD other than '4,0,x32': "
+                               "this launch of the reverse state pass by sub-blocks is not proven on the H200 (16-bit "
+                               "dots failed there); it runs on CUDA only with FALCON_TRITON_UNPROVEN=1")
         BVb = BLK_BWD[1] or BVb
     bargs = (q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS, DS0 if DS0 is not None else eta,
              T, NT, H, K, V, C, BK, BVb, read_after, dST is not None, need_ds0, prec, *va)
