@@ -49,3 +49,17 @@ def test_summary_medians_and_ratio():
                                commit="abc", reps=3))
     assert "| falcon-1A | 16×2048×6×128 | rowsum | 0.6 | 0.5–0.7 | 0.3 | 1.6 | 1.5 | 100.0 |" in md
     assert "commit abc" in md
+
+
+def test_the_switches_it_names_exist():
+    """Every switch the tool's docstring lists is a module attribute it can set (a removed switch, such as chunk.py's
+    BWD_MAIN of 2026-12-03, must leave the list with its code); 'triton' names the package itself."""
+    import importlib
+    import re
+
+    t = _tool()
+    mods = "chunk|common|window_linear|percol|percol_delta|triton"
+    named = re.findall(rf"(?<![\w.])({mods})\.(_?[A-Z][A-Z0-9_]+)\b", t.__doc__)
+    assert ("triton", "_FALCON_3") in named and ("chunk", "A_DTYPE") in named
+    for module, attr in named:
+        assert hasattr(importlib.import_module(t.module_path(module)), attr), (module, attr)

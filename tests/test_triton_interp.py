@@ -31,7 +31,7 @@ for delta in (True, False):
     for after in (True, False):
         CASES.append(_c(f"{v}-{'after' if after else 'before'}-C16", delta=delta, after=after))
     CASES.append(_c(f"{v}-C32-K48-V16", delta=delta, C=32, T=70, K=48, V=16, B=1, seed=2))
-    CASES.append(_c(f"{v}-C64-T65", delta=delta, C=64, T=65, B=1, H=1, K=32, V=32, seed=3))
+    CASES.append(_c(f"{v}-C64-T65", delta=delta, C=64, T=65, B=1, H=1, K=32, V=32, seed=3, state_bv="off"))
     CASES.append(_c(f"{v}-strong-decay-C64", delta=delta, C=64, T=64, B=1, H=1, strong=True, seed=4))
     CASES.append(_c(f"{v}-no-S0-no-dST", delta=delta, s0=False, no_dst=True, seed=5))
     CASES.append(_c(f"{v}-fp16", delta=delta, dtype="float16", seed=6))
@@ -86,14 +86,16 @@ CASES.append(_c("F3-gather-W8-fp16-no-S0", delta=True, W=8, T=23, K=16, V=16, dt
 CASES.append(_c("F2A-after", delta=False, per_col=True, seed=13))
 CASES.append(_c("F2A-before-C32-V20", delta=False, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=14))
 CASES.append(_c("F2A-C64-strong-decay-no-S0-no-dST", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
-                strong=True, s0=False, no_dst=True, seed=15))
-CASES.append(_c("F2A-fp16", delta=False, per_col=True, dtype="float16", seed=16))
-# the state passes with value tiles of 16 (FALCON_TRITON_STATE_BV, opt-in): three value blocks (V = 48)
+                strong=True, s0=False, no_dst=True, seed=15, intra="exact"))
+CASES.append(_c("F2A-fp16", delta=False, per_col=True, dtype="float16", seed=16, intra="exact"))
+# the state passes with value tiles of 16 (FALCON_TRITON_STATE_BV=16): three value blocks (V = 48); the other cases run
+# the default (=auto: tiles by the programs per head), F1-C64-T65 the pass's own tile (=off, the form before auto)
 CASES.append(_c("F1-state-bv16", delta=True, K=32, V=48, T=40, B=1, H=1, seed=17, state_bv="16"))
 CASES.append(_c("F1A-state-bv16-before-C32", delta=False, K=32, V=48, T=40, B=1, H=1, C=32, after=False, seed=18,
                 state_bv="16"))
 CASES.append(_c("F3-state-bv16", delta=True, W=2, K=16, V=48, T=20, B=1, H=1, seed=20, state_bv="16", fused=False))
-# Falcon-2A / -2 with the intra-chunk term by 16-row sub-blocks (FALCON_TRITON_2A=blocked; C = 16 is one block)
+# Falcon-2A / -2's intra-chunk term: every per-column case runs the default, by 16-row sub-blocks (FALCON_TRITON_2A=
+# blocked; C = 16 is one block), except those naming intra="exact" (the [C, C, 4] broadcast, FALCON_TRITON_2A=exact)
 CASES.append(_c("F2A-blocked-C64-V48", delta=False, per_col=True, C=64, T=70, B=1, V=48, seed=13, intra="blocked"))
 CASES.append(_c("F2A-blocked-before-C32-strong-decay", delta=False, per_col=True, after=False, C=32, T=45, B=1, K=16,
                 V=20, strong=True, seed=14, intra="blocked"))
@@ -104,8 +106,8 @@ CASES.append(_c("F2-blocked-C64-strong-decay", delta=True, per_col=True, C=64, T
 CASES.append(_c("F2-after", delta=True, per_col=True, seed=17))
 CASES.append(_c("F2-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=18))
 CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
-                strong=True, s0=False, no_dst=True, seed=19))
-CASES.append(_c("F2-fp16", delta=True, per_col=True, dtype="float16", seed=20))
+                strong=True, s0=False, no_dst=True, seed=19, intra="exact"))
+CASES.append(_c("F2-fp16", delta=True, per_col=True, dtype="float16", seed=20, intra="exact"))
 CASES.append(_c("F2-K48-V80-before", delta=True, per_col=True, after=False, T=50, B=1, H=1, K=48, V=80, seed=22))
 # Falcon-2's per-column solves (ours): the cases above run the defaults (the forward state pass by 16-row sub-blocks,
 # FALCON_TRITON_2_SOLVE=fwd, and the solve's own gradients by sub-blocks, FALCON_TRITON_2_BWD_SOLVE=blocked; C = 16
@@ -127,20 +129,12 @@ CASES.append(_c("F2-rows-exact-before-C32-V20", delta=True, per_col=True, after=
                 seed=18, solve="rows", bwd_solve="exact"))
 CASES.append(_c("F2-exact-fp16-C64-K48-V80", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=48, V=80,
                 dtype="float16", seed=22, bwd_solve="exact"))
-# chunk.py's _bwd_main as one kernel, its gate gradients' row sums from its accumulators (FALCON_TRITON_BWD_MAIN=rowsum,
-# the default from 5e0a3b1 to 2026-12-03's split): Falcon-1 and -1A, both read orders, fp16, Falcon-3's expansion and
-# in-place pseudo-tokens, Falcon-3A's scans; and the split default's own: K = 80 (two key tiles of 64 and a partial
-# one's mask) and Falcon-1A with K = 128, V = 80 (two key tiles, value blocks of 64 and a masked rest)
-ROWSUM = [("F1-after-C16", {}), ("F1-before-C16", dict(after=False)), ("F1A-C64-T65", dict(delta=False, C=64, T=65,
-          B=1, H=1, K=32, V=32)), ("F1-fp16", dict(dtype="float16")), ("F1A-before-C32-K48-V16", dict(
-          delta=False, after=False, C=32, T=70, K=48, V=16, B=1)), ("F3-W4-C64-strong-decay", dict(
-          W=4, C=64, T=40, B=1, H=1, K=32, V=16, strong=True, fused=False)), ("F3-gather-W2-before-C32", dict(
-          W=2, after=False, C=32, T=45, B=1, K=16, V=16, fused=True)), ("F3A-scans-W4-no-dST", dict(
-          delta=False, W=4, no_dst=True, fused=False))]
-CASES += [_c(f"bwd-main-rowsum-{n}", seed=110 + i, bwd_main="rowsum", **kw) for i, (n, kw) in enumerate(ROWSUM)]
+# chunk.py's backward in three kernels (_bwd_cc, _bwd_dqdx, _bwd_gate): beside the cases above, K = 80 (two key tiles
+# of 64 and a partial one's mask) and Falcon-1A with K = 128, V = 80 (two key tiles, value blocks of 64 and a masked
+# rest)
 SPLIT = [("F1-K80-C32-T45", dict(C=32, T=45, B=1, K=80, V=16)), ("F1A-before-K128-V80", dict(
     delta=False, after=False, T=40, B=1, H=1, K=128, V=80))]
-CASES += [_c(f"bwd-main-split-{n}", seed=118 + i, bwd_main="split", **kw) for i, (n, kw) in enumerate(SPLIT)]
+CASES += [_c(f"bwd-split-{n}", seed=118 + i, **kw) for i, (n, kw) in enumerate(SPLIT)]
 DECODE = []
 for delta in (True, False):
     for per_col, W in ((False, 1), (True, 1), (False, 4)):
@@ -306,9 +300,6 @@ SWITCHES = [
     # the blocked intra-chunk term (0.8x the exact broadcast's time); =exact keeps the broadcast
     (KT + "percol", "INTRA", "FALCON_TRITON_2A", "blocked", "block",
      "FALCON_TRITON_2A must be 'exact' or 'blocked', got 'block'"),
-    # _bwd_main's work as three kernels; =rowsum one kernel with the row sums from its accumulators
-    (KT + "chunk", "BWD_MAIN", "FALCON_TRITON_BWD_MAIN", "split", "row",
-     "FALCON_TRITON_BWD_MAIN must be 'rowsum' or 'split', got 'row'"),
     # the triangular inverse A's storage between forward and backward: the inputs' dtype (fp32 for Falcon-3 in place)
     (KT + "chunk", "A_DTYPE", "FALCON_TRITON_A_DTYPE", "auto", "bf16",
      "FALCON_TRITON_A_DTYPE must be 'auto', 'fp32' or 'input', got 'bf16'"),

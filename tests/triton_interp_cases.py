@@ -166,8 +166,9 @@ if __name__ == "__main__":
 
     cases = json.loads(sys.argv[1])
     default_3a = kt._FALCON_3A
-    default_bwd_main = kchunk.BWD_MAIN
     default_a_dtype = kchunk.A_DTYPE
+    default_intra = kpercol.INTRA
+    default_state_bv = kcommon.STATE_BV
     default_wl_bwd_bv = kwl.WL_BWD_BV
     default_solve = kpdelta.SOLVE
     default_bwd_solve = kpdelta.BWD_SOLVE
@@ -175,12 +176,11 @@ if __name__ == "__main__":
     for c in cases:
         # what FALCON_TRITON_3A=banded / =scans sets; neither: the default (banded since 2026-12-03) or the env's
         kt._FALCON_3A = "banded" if c.get("banded") else "scans" if c.get("scans") else default_3a
-        kpercol.INTRA = c.get("intra", "exact")  # what FALCON_TRITON_2A=blocked sets
+        kpercol.INTRA = c.get("intra", default_intra)  # what FALCON_TRITON_2A sets
         kpdelta.SOLVE = c.get("solve", default_solve)  # what FALCON_TRITON_2_SOLVE sets
         kpdelta.BWD_SOLVE = c.get("bwd_solve", default_bwd_solve)  # what FALCON_TRITON_2_BWD_SOLVE sets
         kpdelta.BLK_BWD = tuple(c.get("blk_bwd", default_blk_bwd))  # what FALCON_TRITON_2_BLK_BWD sets
-        kcommon.STATE_BV = c.get("state_bv", "off")  # what FALCON_TRITON_STATE_BV sets
-        kchunk.BWD_MAIN = c.get("bwd_main", default_bwd_main)  # what FALCON_TRITON_BWD_MAIN sets
+        kcommon.STATE_BV = c.get("state_bv", default_state_bv)  # what FALCON_TRITON_STATE_BV sets
         kchunk.A_DTYPE = c.get("a_dtype", default_a_dtype)  # what FALCON_TRITON_A_DTYPE sets
         kwl.WL_BWD_BV = c.get("wl_bwd_bv", default_wl_bwd_bv)  # what FALCON_TRITON_3A_BWD_BV sets
         try:

@@ -38,12 +38,10 @@
 #   f2iso      experiments/h200/f2_isolate.sh: the blocked ways one at a time on Falcon-2's rows that failed;
 #   f2blk      Falcon-2's whole sweep with both passes by blocks (FALCON_TRITON_2_BLK_BWD=$F2_BLK, default 4,0,x32);
 #   switch_ab  experiments/h200/switch_ab.py: a switch's values (AB_SWITCH) timed interleaved in one process;
+#   XCHECKS    (a variable, not a step) row ranges of any check under given switches, one process each (below);
 #   ainput     A stored in the inputs' dtype (FALCON_TRITON_A_DTYPE=input): sweeps of 1 and 3, then timed vs fp32;
 #   f3gather_rest  rows 24-29 of Falcon-3-gather's sweep;
 #   stages     chunk.py's state passes at FALCON_TRITON_STATE_STAGES=$STAGES_TRY (default 4): quick rows, then timings;
-#   bwdmain    chunk.py's backward with FALCON_TRITON_BWD_MAIN=$BWD_MAIN_TRY (default split, the default since
-#              2026-12-03): sweeps, then timings against rowsum (proven this way on 2026-12-03 as steps rowsum_*);
-#   bwdmain_rest  Falcon-1's check rows $BWD_MAIN_ROWS (default 22-29) with it, alone;
 #   eig        Falcon-3's mu_t squarings in one Triton kernel (triton/eig.py): rows 23-29 of `bench check --variants 3`
 #              (the public op, decode, varlen-native: the rows whose prep runs it) with FALCON_TRITON_UNPROVEN=1, then
 #              `bench kernels --quick --ops falcon-3` with the PyTorch squarings (FALCON_TRITON_PREP=torch) and with it;
@@ -163,23 +161,6 @@ for v in 1 3; do
   cstep "ainput_$v" 330 env FALCON_TRITON_A_DTYPE=input python3 -m falcon_lab.bench check --variants "$v" \
     --out "$W/check_ainput_$v"
 done
-# bwdmain: chunk.py's backward with FALCON_TRITON_BWD_MAIN=$BWD_MAIN_TRY (default "split": _bwd_main as three
-# kernels, _bwd_cc, _bwd_dqdx, _bwd_gate, opt-in since 2026-12-03; "rowsum" was proven this way on 2026-12-03 at
-# 5e0a3b1 as steps rowsum_*): the whole sweeps of 1 and 1A, the quick rows of 3 and of 3A's W scans (which run
-# chunk.py), then `bench kernels` of falcon-1, -1A, -3A-scans and fla with the default ("rowsum") and with it, one
-# process each; all pass and faster -> the default
-TRY=${BWD_MAIN_TRY:-split}
-want bwdmain && STEPS="$STEPS bwdmain_1 bwdmain_1A bwdmain_3 bwdmain_time"
-for v in 1 1A; do
-  cstep "bwdmain_$v" 330 env FALCON_TRITON_BWD_MAIN=$TRY python3 -m falcon_lab.bench check --variants "$v" \
-    --out "$W/check_bwdmain_${TRY}_$v"
-done
-cstep bwdmain_3 330 env FALCON_TRITON_BWD_MAIN=$TRY FALCON_TRITON_3A=scans python3 -m falcon_lab.bench check \
-  --quick --variants 3,3A --out "$W/check_bwdmain_${TRY}_3"
-# bwdmain_rest: Falcon-1's rows 22-29 with it (the public op, decode, native varlen: run on 2026-12-03 at 12b0470, their
-# log did not come back; rows 1-21 passed), alone: STEPS="bwdmain_rest bwdmain_time" with BWD_MAIN_OPS=falcon-1,falcon-1A
-cstep bwdmain_rest 200 env FALCON_TRITON_BWD_MAIN=$TRY python3 -m falcon_lab.bench check --variants 1 \
-  --rows ${BWD_MAIN_ROWS:-22-29} --out "$W/check_bwdmain_${TRY}_1_rest"
 # stages: chunk.py's state passes at FALCON_TRITON_STATE_STAGES=$STAGES_TRY (default 4; "" is Triton's 3 for 16-bit):
 # quick rows of 1 and 1A with it, then falcon-1, -1A and fla timed with the default and with it (one process each)
 SGT=${STAGES_TRY:-4}
@@ -219,9 +200,6 @@ step f3prep_time 150 bash -c "python3 -m falcon_lab.bench kernels --quick --ops 
 step f2solve_time 300 bash -c "for m in \${F2_MODES:-rows:exact fwd:blocked}; do FALCON_TRITON_2_SOLVE=\${m%:*} \
   FALCON_TRITON_2_BWD_SOLVE=\${m#*:} python3 -m falcon_lab.bench kernels --ops \${F2_OPS:-falcon-1,falcon-2} \
   --out $W/kernels_f2solve_\${m%:*}_\${m#*:}; done"
-step bwdmain_time 240 bash -c "for m in rowsum $TRY; do FALCON_TRITON_BWD_MAIN=\$m TRITON_CACHE_AUTOTUNING=1 \
-  TRITON_CACHE_DIR=$TC python3 -m falcon_lab.bench kernels --ops \${BWD_MAIN_OPS:-falcon-1,falcon-1A,\
-falcon-3A-scans,fla_chunk_delta_rule} --out $W/kernels_bwdmain_\$m; done"
 step stages_time 240 bash -c "for m in default $SGT; do FALCON_TRITON_STATE_STAGES=\$([ \$m = default ] || echo \$m) \
   TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=$TC python3 -m falcon_lab.bench kernels --ops \
   falcon-1,falcon-1A,fla_chunk_delta_rule --out $W/kernels_stages_\$m; done"
@@ -231,10 +209,10 @@ step stages_time 240 bash -c "for m in default $SGT; do FALCON_TRITON_STATE_STAG
 step ainput_time 300 env TRITON_CACHE_DIR="$TC" python3 experiments/h200/switch_ab.py --switch \
   chunk.A_DTYPE=fp32,input --ops falcon-1,falcon-3 --reps 2 --out "$W/switch_ab_ainput"
 # switch_ab: a kernel switch's values timed in one process, interleaved (experiments/h200/switch_ab.py; GPU time from
-# the profiler, do_bench, host time, peak): AB_SWITCH (default chunk.BWD_MAIN=split,rowsum: Falcon-1A's K-dependent
-# question of 2026-12-03), AB_OPS, AB_REPS
+# the profiler, do_bench, host time, peak): AB_SWITCH (default chunk.A_DTYPE=auto,fp32), AB_OPS, AB_REPS, AB_ENV
+# (VAR=v words for its process: e.g. FALCON_TRITON_UNPROVEN=1 for an unproven value)
 step switch_ab 300 env ${AB_ENV:-} TRITON_CACHE_DIR="$TC" python3 experiments/h200/switch_ab.py \
-  --switch "${AB_SWITCH:-chunk.BWD_MAIN=split,rowsum}" --ops "${AB_OPS:-falcon-1,falcon-1A}" --reps "${AB_REPS:-3}" \
+  --switch "${AB_SWITCH:-chunk.A_DTYPE=auto,fp32}" --ops "${AB_OPS:-falcon-1,falcon-3}" --reps "${AB_REPS:-3}" \
   --out "$W/switch_ab"
 # warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared $TC (on
 # a fresh machine the full run alone spent its 440 s mostly compiling, fla's kernels above all: 2026-12-03 call 2)

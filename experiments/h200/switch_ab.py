@@ -2,12 +2,12 @@
 switch, interleaved, so that process-to-process spread (which made Falcon-1A's rowsum-vs-split comparison of
 2026-12-03 inconclusive: kernels_2026-12-03e) does not enter the comparison. One GPU, alone.
 
-    python3 experiments/h200/switch_ab.py --switch chunk.BWD_MAIN=split,rowsum --ops falcon-1,falcon-1A \
+    python3 experiments/h200/switch_ab.py --switch chunk.A_DTYPE=auto,fp32 --ops falcon-1,falcon-3 \
         --shapes 0,1,2,3 --reps 3 --out $OUT/switch_ab
 
 `--switch MODULE.ATTR=v1,v2[,...]`: an attribute of `falcon_lab.kernels.triton.MODULE` read at call time (the
-kernels' switches are: chunk.BWD_MAIN, common.STATE_BV, window_linear.WL_BWD_BV, percol.INTRA, percol_delta.SOLVE,
-percol_delta.BWD_SOLVE); values are strings as the environment variable takes them. For each shape and op, `--reps`
+kernels' switches are: chunk.A_DTYPE, common.STATE_BV, window_linear.WL_BWD_BV, percol.INTRA, percol_delta.SOLVE,
+percol_delta.BWD_SOLVE, and the package's own as triton._FALCON_3, triton._FALCON_3A); values are strings as the environment variable takes them. For each shape and op, `--reps`
 rounds; each round times every value once, in an order that alternates between rounds. Per (op, shape, value):
 the medians over rounds of `gpu_ms` (the kernels' summed device time per forward+backward, torch.profiler: what a
 kernel choice changes), `bench_ms` (do_bench's median, as `bench kernels`), `host_ms`, and the peak; then each value's
@@ -35,6 +35,12 @@ def parse_switch(text: str):
     except (ValueError, AssertionError):
         raise SystemExit(f"--switch must be MODULE.ATTR=v1,v2[,...] with distinct values, got {text!r}") from None
     return module, attr, vals
+
+
+def module_path(module: str) -> str:
+    """'chunk' -> falcon_lab.kernels.triton.chunk; 'triton' -> the package itself (its switches: _FALCON_3, _FALCON_3A,
+    _PREP, _VARLEN, read at call time by `core`)."""
+    return "falcon_lab.kernels.triton" + ("" if module == "triton" else f".{module}")
 
 
 def round_order(values: list, r: int) -> list:
@@ -98,7 +104,7 @@ def main():
 
     from falcon_lab.benchmarking.kernels import _commit
 
-    mod = importlib.import_module(f"falcon_lab.kernels.triton.{module}")
+    mod = importlib.import_module(module_path(module))
     if not hasattr(mod, attr):
         raise SystemExit(f"falcon_lab.kernels.triton.{module} has no attribute {attr!r}")
     default = getattr(mod, attr)

@@ -21,8 +21,7 @@ Every exponent is <= 0 (clamped with min(., 0) against rounding). Kernels:
               _fwd_out   (per chunk: outputs)
     backward: _bwd_dul   (per chunk: dU = Pᵀ dO, the intra-chunk part)
               _bwd_state (reverse sequential: state gradients at chunk ends, full dU, dS0)
-              _bwd_main  (per chunk: dq, dx, dv, dη, dg) with FALCON_TRITON_BWD_MAIN=rowsum, or (default, ours):
-              _bwd_cc    (per chunk: dv, dη, M and Gm, the [C, C] gate terms)
+              _bwd_cc    (per chunk: dv, dη, M and Gm, the [C, C] gate terms; ours, as the next two)
               _bwd_dqdx  (per key tile and chunk: dq, dx, the gate row sums of the tile)
               _bwd_gate  (per chunk: dg)
 
@@ -43,30 +42,22 @@ from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _s
                      state_stages, varlen_args)
 from .host import env_choice
 
-# _bwd_main's backward form (ours): "split" (the default since 2026-12-03) replaces _bwd_main by _bwd_cc, _bwd_dqdx
-# and _bwd_gate (below: the same math, at most three fp32 accumulators live in each value loop, 4 warps, fla-style);
-# "rowsum" is _bwd_main with its three gate-gradient row sums taken from the dq, dx accumulators after the value loop,
-# Σ_v dO_iv (q_i S)_v = q_i · (dO_i Sᵀ) and likewise x_i · (U_i dHᵀ), x_i · (dY_i Sᵀ), so the loop drops its q·S, x·dH
-# and x·S dots (3 of 9) and their [C, BV] fp32 tiles (the default from 2026-12-03 at 5e0a3b1 to this change). The
-# form before it, with those sums formed inside the loop ("dots", proven up to 5e0a3b1), was removed after split
-# became the default. Same sums, different rounding.
-# On the H200 every row of `bench check` for Falcon-1 and -1A (29 + 29: 12b0470 and c84b0ad), Falcon-3's quick core
-# rows and Falcon-3A's W scans (13) passed with "split"; Falcon-1's public op fwd+bwd, rowsum -> split in one call
-# (c84b0ad, one process each): 1.85 -> 1.53 ms at (16, 2048, 12, 64), 2.03 -> 1.70 at (4, 8192, 12, 64), unchanged at
-# K = V = 128 (2.75 / 2.77, 1.49 / 1.49), peak +107 MB at K = 64 and +56 MB at K = 128 (its fp32 scratch). Falcon-1A's
-# core fwd+bwd over that day's processes, rowsum vs split: 1.06 (x3) vs 0.92 (x2) ms at (4, 8192, 12, 64), 2.27 vs
-# 2.24 at (1, 32768, 6, 128), 0.82-1.12 vs 0.71-1.13 at (16, 2048, 12, 64), but 1.01-1.02 (x3) vs 1.22-1.24 (x2) at
-# (16, 2048, 6, 128): a K-dependent choice is the next thing to time in one process
-# (benchmarks/results/h200_logs/kernels_2026-12-03e/README.md).
-BWD_MAIN = env_choice("FALCON_TRITON_BWD_MAIN", "split", ("rowsum", "split"))
+# The backward's per-chunk work (dq, dx, dv, dη, dg) runs as three kernels, _bwd_cc, _bwd_dqdx and _bwd_gate (ours,
+# the default since 2026-12-03: at most three fp32 accumulators live in each value loop, 4 warps, fla-style). Its
+# one-kernel forms, _bwd_main with the gate-gradient row sums formed inside the value loop ("dots", proven up to
+# 5e0a3b1) and then from the dq, dx accumulators after it ("rowsum", proven at 5e0a3b1), were removed: in one process
+# on the H200 (2026-12-03, fourteenth session, switch_ab.py, GPU time; benchmarks/results/h200_logs/kernels_2026-12-03f/)
+# rowsum took 1.218 / 1.002 / 1.200 / 1.004x the split's time for Falcon-1 and 1.182 / 1.012 / 1.142 / 1.051x for
+# Falcon-1A at (16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128), for 57-106 MB less peak
+# (the split's scratch). FALCON_TRITON_BWD_MAIN is no longer read.
 # The storage of the triangular inverse A between _fwd_prep and the backward (ours): "input" (the inputs' dtype, as
 # fla stores its A), "fp32", or "auto" (the default since 2026-12-03, fourteenth session: the inputs' dtype, except fp32
 # for Falcon-3's in-place pseudo-tokens, gather=True, whose build with a 16-bit A has not run on the GPU). Every reader
-# casts A to the inputs' dtype after loading it (_bwd_cc, and =rowsum's _bwd_main: AiT = trans(A).to(dt)), and a
+# casts A to the inputs' dtype after loading it (_bwd_cc: AiT = trans(A).to(dt)), and a
 # store rounds as that cast does, so the gradients do not change: on the H200 (2026-12-03, 3a650c1 and 71520f4,
 # kernels_2026-12-03f) Falcon-1's and Falcon-3's (expansion) whole check sweeps pass with "input" (29/29 each), fwd+bwd
 # 0.986-0.996x "fp32" in one process, peak -24 to -48 MB (Falcon-1) and -96 to -192 MB (Falcon-3's expansion) at the
-# benchmark's four shapes (with the split _bwd_main; =rowsum with a 16-bit A has not run on the GPU).
+# benchmark's four shapes.
 A_DTYPE = env_choice("FALCON_TRITON_A_DTYPE", "auto", ("auto", "fp32", "input"))
 
 
@@ -509,174 +500,26 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
         tl.store(DS0 + bh64 * K * V + soff, dH, mask=smask)
 
 
-@triton.jit
-def _bwd_main(Q, X, VV, R, ETA, G, A, HS, DHS, DO, DU, DQ, DX, DV, DETA, DG, T, XT, XOFF, NT,
-              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-              BV: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-              GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
-    n = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    if VARLEN:
-        s_, n, bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
-        xb = bos + s_ * XT  # the pair stream: each sequence's XT carried rows (W - 1), then its pairs
-        Q += bos * H * K
-        X += xb * H * K
-        VV += xb * H * V
-        R += bos * H * V
-        ETA += bos * H
-        G += bos * H
-        A += bos * H * C
-        DO += bos * H * V
-        DU += bos * H * V
-        DQ += bos * H * K
-        DX += xb * H * K
-        DV += xb * H * V
-        DETA += bos * H
-        DG += bos * H
-        HS += coff * K * V
-        DHS += coff * K * V
-    i = tl.arange(0, C)
-    rows, rmask, tok, xtok, stok, gmask = _rows_w(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
-    if GATHER:  # the pair gradients go to per-pseudo-token rows; the launcher sums each pair's W rows
-        dxtok = tok
-    else:
-        dxtok = xtok
-    ck = tl.arange(0, BK)
-    kmask = ck < K
-    km = rmask[:, None] & kmask[None, :]
-    dt = Q.dtype.element_ty
-    eta = tl.load(ETA + stok, mask=rmask, other=0.).to(tl.float32)
-    g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
-    u = tl.cumsum(g, 0)
-    uC = tl.sum(g, 0)
-    ub = u - _gfirst(g, i, GROUP)
-    if READ_AFTER:
-        ur = u
-        causal = (i // GROUP)[:, None] >= (i // GROUP)[None, :]
-    else:
-        ur = ub
-        causal = (i // GROUP)[:, None] > (i // GROUP)[None, :]
-    strict = (i // GROUP)[:, None] > (i // GROUP)[None, :]
-    eC = tl.exp(tl.minimum(uC - u, 0.))
-    if DELTA:
-        Ai = tl.load(A + tok[:, None] * C + i[None, :], mask=rmask[:, None], other=0.)
-        AiT = tl.trans(Ai).to(dt)
-    DOU = tl.zeros([C, C], dtype=tl.float32)
-    dL = tl.zeros([C, C], dtype=tl.float32)
-    dq = tl.zeros([C, BK], dtype=tl.float32)
-    dxs = tl.zeros([C, BK], dtype=tl.float32)
-    dxy = tl.zeros([C, BK], dtype=tl.float32)
-    d_ur = tl.zeros([C], dtype=tl.float32)
-    d_u = tl.zeros([C], dtype=tl.float32)
-    d_ub = tl.zeros([C], dtype=tl.float32)
-    d_eta = tl.zeros([C], dtype=tl.float32)
-    duC = tl.sum(tl.zeros([C], dtype=tl.float32), 0)
-    hbase = (bh.to(tl.int64) * NT + n) * K * V
-    for vb in range(0, tl.cdiv(V, BV)):
-        cv = vb * BV + tl.arange(0, BV)
-        vmask = cv < V
-        vm = rmask[:, None] & vmask[None, :]
-        smask = kmask[:, None] & vmask[None, :]
-        soff = ck[:, None] * V + cv[None, :]
-        S = tl.load(HS + hbase + soff, mask=smask, other=0.)
-        dH = tl.load(DHS + hbase + soff, mask=smask, other=0.)
-        Sd = S.to(dt)
-        dHd = dH.to(dt)
-        if GATHER:
-            do = tl.load(DO + stok[:, None] * V + cv[None, :], mask=gmask[:, None] & vmask[None, :], other=0.).to(dt)
-        else:
-            do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
-        dU = tl.load(DU + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
-        if DELTA:
-            rr = tl.load(R + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
-        else:
-            rr = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
-        U = rr * eta[:, None]
-        Ud = U.to(dt)
-        DOU += tl.dot(do, tl.trans(Ud), input_precision=PREC)
-        dq += tl.dot(do, tl.trans(Sd), input_precision=PREC)
-        duC += tl.sum(tl.sum(dH * S, 1), 0) * tl.exp(uC)
-        dxs += tl.dot(Ud, tl.trans(dHd), input_precision=PREC)
-        d_eta += tl.sum(dU * rr, 1)
-        if DELTA:
-            dR = (dU * eta[:, None]).to(dt)
-            dY = tl.dot(AiT, dR, input_precision=PREC)
-            tl.store(DV + dxtok[:, None] * V + cv[None, :], dY.to(DV.dtype.element_ty), mask=vm)
-            dYd = dY.to(dt)
-            dL -= tl.dot(dYd, tl.trans(rr.to(dt)), input_precision=PREC)
-            dxy += tl.dot(dYd, tl.trans(Sd), input_precision=PREC)
-        else:
-            tl.store(DV + dxtok[:, None] * V + cv[None, :], (dU * eta[:, None]).to(DV.dtype.element_ty), mask=vm)
-    # the gate gradients' three row sums from the accumulators (ours; see BWD_MAIN): q, x load after the value loop
-    q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
-    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
-    d_ur += tl.exp(ur) * tl.sum(q.to(tl.float32) * dq, 1)
-    Y = eC * tl.sum(x.to(tl.float32) * dxs, 1)
-    duC += tl.sum(Y, 0)
-    d_u -= Y
-    if DELTA:
-        d_ub -= tl.exp(ub) * tl.sum(x.to(tl.float32) * dxy, 1)
-    # [C, C] tiles not needed inside the value loop are formed here (fewer live registers)
-    qx = tl.dot(q, tl.trans(x), input_precision=PREC)
-    Er = tl.where(causal, tl.exp(tl.minimum(ur[:, None] - u[None, :], 0.)), 0.)
-    Z = qx * Er * DOU
-    d_ur += tl.sum(Z, 1)
-    d_u -= tl.sum(Z, 0)
-    M = (DOU * Er).to(dt)
-    dq = dq * tl.exp(ur)[:, None] + tl.dot(M, x, input_precision=PREC)
-    dx = dxs * eC[:, None]
-    # Mᵀq and Gmᵀx are formed as (qᵀM)ᵀ, (xᵀGm)ᵀ: a [C, C] dot result is never transposed and fed
-    # to another dot (the Hopper miscompile of Triton 3.4-3.7.0, fla #640).
-    dxT = tl.dot(tl.trans(q), M, input_precision=PREC)
-    if DELTA:
-        dL = tl.where(strict, dL, 0.)
-        gram = tl.dot(x, tl.trans(x), input_precision=PREC)
-        Eb = tl.where(strict, tl.exp(tl.minimum(ub[:, None] - u[None, :], 0.)), 0.)
-        Gm = (dL * Eb * eta[None, :]).to(dt)
-        dx += tl.dot(Gm, x, input_precision=PREC)
-        dxT += tl.dot(tl.trans(x), Gm, input_precision=PREC)
-        dx -= dxy * tl.exp(ub)[:, None]
-        Psi = dL * gram * Eb
-        d_eta += tl.sum(Psi, 0)
-        PsiE = Psi * eta[None, :]
-        d_ub += tl.sum(PsiE, 1)
-        d_u -= tl.sum(PsiE, 0)
-    dx += tl.trans(dxT)
-    d_u += d_ur + d_ub
-    d_u += tl.where(i == C - 1, duC, 0.)
-    dg = tl.cumsum(d_u, 0, reverse=True) - _gseg(d_ub, i, GROUP)
-    if not READ_AFTER:
-        dg -= _gseg(d_ur, i, GROUP)
-    tl.store(DQ + tok[:, None] * K + ck[None, :], dq.to(DQ.dtype.element_ty), mask=km)
-    tl.store(DX + dxtok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
-    tl.store(DETA + tok, d_eta, mask=rmask)
-    if GATHER:  # log γ lives on the first pseudo-token of each step
-        tl.store(DG + stok, dg, mask=gmask)
-    else:
-        tl.store(DG + tok, dg, mask=rmask)
-
-
 # ------------------------------------------------------------------------------------------------
-# backward, split (FALCON_TRITON_BWD_MAIN=split, the default, ours): _bwd_main's work in three kernels, each with at
-# most three fp32 accumulators live in its value loop (fla's chunk_bwd_kernel_dqkwg keeps <= 4 at 4 warps):
+# backward, per chunk (ours): dq, dx, dv, dη, dg in three kernels, each with at most three fp32 accumulators live in
+# its value loop (fla's chunk_bwd_kernel_dqkwg keeps <= 4 at 4 warps):
 #   _bwd_cc   (chunks x B·H): the [C, C] adjoints DOU = dO Uᵀ and (delta) dL = -dY Rᵀ over the value blocks, with
 #             dY = Aᵀ(η dU) -> dv and dη; after the loop q·xᵀ, x·xᵀ (all of K) give the gate terms Z, Ψ, their row /
-#             column sums, and M = DOU ⊙ Er, Gm = dL ⊙ Eb η (input dtype, exactly the operands _bwd_main casts) to
+#             column sums, and M = DOU ⊙ Er, Gm = dL ⊙ Eb η (input dtype: the operands of the dq, dx dots) to
 #             scratch [B, T, H, C]
 #   _bwd_dqdx (K tiles x chunks x B·H): dO Sᵀ, U dHᵀ, dY Sᵀ for its key tile over the value blocks (dY read back from
-#             dv: the same rows, in the input dtype, that _bwd_main feeds its dot), then dq and dx with M and Gm, and
+#             dv: the same rows, in the input dtype), then dq and dx with M and Gm, and
 #             the row sums q·(dO Sᵀ), x·(U dHᵀ), x·(dY Sᵀ) and Σ dH ⊙ S of its tile to scratch [B, T, H, NKt, 4]
 #   _bwd_gate (chunks x B·H): the tiles' sums with _bwd_cc's vectors -> dg (the same reverse cumsum and _gseg)
-# The math is _bwd_main's (rowsum form); only fp32 summation orders differ.
+# The gate-gradient row sums Σ_v dO_iv (q_i S)_v = q_i · (dO_i Sᵀ), and likewise x_i · (U_i dHᵀ), x_i · (dY_i Sᵀ), are
+# taken per key tile from the accumulators (no q·S, x·dH, x·S dots in the value loops).
 # ------------------------------------------------------------------------------------------------
 def _split_cfg(K: int, V: int):
     """The split kernels' tiles and warps (ours): key tiles of 64 (all of K if smaller), value blocks of 32, 4 warps.
     Offline sm_90a builds (Triton 3.6 + its ptxas, bf16, C = 64, default 3 stages, arguments 16-aligned as on the GPU;
     2026-12-03): at K = V = 128 _bwd_cc 240 registers / 48 KB shared / no spill, _bwd_dqdx 227 / 72 KB / none (value
-    blocks of 64: 255 registers, 88 and 12 bytes spilled, 88 and 144 KB), against _bwd_main's 255 / 120 KB / 100 bytes
-    at 8 warps; at K = V = 64 244 and 219 registers, no spill (_bwd_main 255, 340 bytes). Not yet timed on a GPU."""
+    blocks of 64: 255 registers, 88 and 12 bytes spilled, 88 and 144 KB), against the one-kernel form's 255 / 120 KB / 100
+    bytes at 8 warps; at K = V = 64 244 and 219 registers, no spill (one kernel: 255, 340 bytes)."""
     BK = _np2(K)
     return min(64, BK), min(32, _np2(V)), 4
 
@@ -696,7 +539,7 @@ def _bwd_rows(b, h, n, i, T, XT, XOFF, H: tl.constexpr, C: tl.constexpr, GROUP: 
 
 @triton.jit
 def _bwd_gates(G, stok, gmask, i, GROUP: tl.constexpr, READ_AFTER: tl.constexpr):
-    """The chunk's log-prefixes as _bwd_main forms them: (u, u_C, ub, ur, e^{min(u_C - u, 0)})."""
+    """The chunk's log-prefixes: (u, u_C, ub, ur, e^{min(u_C - u, 0)})."""
     g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
     u = tl.cumsum(g, 0)
     uC = tl.sum(g, 0)
@@ -869,7 +712,7 @@ def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT,
         dq += tl.dot(do, tl.trans(Sd), input_precision=PREC)
         sdh += tl.sum(tl.sum(dH * S, 1), 0)
         dxs += tl.dot(Ud, tl.trans(dH.to(dt)), input_precision=PREC)
-        if DELTA:  # dY as _bwd_cc stored it (dv's rows of this chunk), in the input dtype as _bwd_main's dot has it
+        if DELTA:  # dY as _bwd_cc stored it (dv's rows of this chunk), in the input dtype
             dYd = tl.load(DV + dxtok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
             dxy += tl.dot(dYd, tl.trans(Sd), input_precision=PREC)
     q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
@@ -899,7 +742,7 @@ def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT,
 def _bwd_gate(G, VEC, PART, DG, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr,
               BK: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, GROUP: tl.constexpr,
               GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
-    """Per chunk: dg from _bwd_cc's vectors and _bwd_dqdx's key-tile row sums, as _bwd_main forms it."""
+    """Per chunk: dg from _bwd_cc's vectors and _bwd_dqdx's key-tile row sums."""
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -988,7 +831,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
                    allow_tf32=False, need_ds0=True, group=1, gather=False, cu_seqlens=None):
     HS, A, WT, R = saved
     Ts = q.shape[1]
-    B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
+    B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
                                                                      Ts * group if gather else 0)
     va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group if gather else 1, xoff)
     BVs = state_bv(BVs, V, NS * H, q.dtype)
@@ -1003,38 +846,36 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
         q, x, eta, g, WT, dO, DU, dST if dST is not None else eta, DHS,
         DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BK, BVs, delta, read_after,
         dST is not None, need_ds0, prec, group, gather, *va, **state_stages(st))
-    if gather:  # per-pseudo-token gradients of q, x, v, eta (as the expansion's autograd has them), summed below;
-        dq = _empty((B, T, H, K), q.dtype, dev)  # log γ's lands per step
-        dx = _empty((B, T, H, K), x.dtype, dev)
-        dv = _empty((B, T, H, V), v.dtype, dev)
-        deta = _empty((B, T, H), eta.dtype, dev)
-    else:
-        dq = _empty(q.shape, q.dtype, dev)
-        if xoff == 0 and x.shape[1] == T:
-            dx = _empty(x.shape, x.dtype, dev)
-            dv = _empty(v.shape, v.dtype, dev)
-        else:  # a shifted view of a longer pair stream (window composition): rows outside stay 0
-            dx = torch.zeros(x.shape, dtype=x.dtype, device=dev)
-            dv = torch.zeros(v.shape, dtype=v.dtype, device=dev)
-        deta = _empty(eta.shape, eta.dtype, dev)
+    # The gradients and scratch are allocated just before the kernel that writes them first, and each fp32 buffer is
+    # dropped after its last reader is queued (ours): the caching allocator hands DU's bytes to dq and dx, MM's and
+    # DHS's to the gather path's sums (stream order makes the reuse safe). The peak is lower by about DU's size, and
+    # with the in-place pseudo-tokens by the scratch's too (est. from the sizes; not yet measured on a GPU).
+    shifted = not gather and not (xoff == 0 and x.shape[1] == T)  # a view of a longer pair stream: rows outside stay 0
+
+    def grad(shape, dtype):
+        return torch.zeros(shape, dtype=dtype, device=dev) if shifted else _empty(shape, dtype, dev)
+    # gather: per-pseudo-token gradients of q, x, v, eta (as the expansion's autograd has them), summed below; log γ's
+    # lands per step
+    dv = grad((B, T, H, V) if gather else v.shape, v.dtype)
+    deta = _empty((B, T, H) if gather else eta.shape, eta.dtype, dev)
+    BKt, BVt, wt = _split_cfg(K, V)  # scratch in the kernels' rows (tok)
+    MM = _empty((B, T, H, C), q.dtype, dev)  # M = DOU ⊙ Er
+    GM = _empty((B, T, H, C), q.dtype, dev) if delta else MM  # Gm = dL ⊙ Eb η
+    VEC = _empty((B, T, H, 3), f32, dev)  # d_ur, d_ub, d_u of the [C, C] terms
+    _bwd_cc[(NT, B * H)](q, x, v, R, eta, g, A, dO, DU, dv, deta, MM, GM, VEC, T, XT, xoff, H, K, V, C, BK, BVt,
+                         delta, read_after, prec, group, gather, *va, num_warps=wt, **st)
+    DU = None  # its last reader is queued
+    dq = _empty((B, T, H, K) if gather else q.shape, q.dtype, dev)
+    dx = grad((B, T, H, K) if gather else x.shape, x.dtype)
+    PART = _empty((B, T, H, cdiv(K, BKt), 4), f32, dev)  # the key tiles' row sums
+    _bwd_dqdx[(cdiv(K, BKt), NT, B * H)](q, x, v, R, eta, g, HS, DHS, dO, dv, MM, GM, dq, dx, PART, T, XT, xoff,
+                                         NT, H, K, V, C, BKt, BVt, delta, read_after, prec, group, gather, *va,
+                                         num_warps=wt, **st)
+    DHS = MM = GM = None
     dg = _empty(g.shape, g.dtype, dev)
-    if BWD_MAIN == "split":  # _bwd_main in three kernels (ours, see BWD_MAIN); scratch in the kernels' rows (tok)
-        BKt, BVt, wt = _split_cfg(K, V)
-        MM = _empty((B, T, H, C), q.dtype, dev)  # M = DOU ⊙ Er
-        GM = _empty((B, T, H, C), q.dtype, dev) if delta else MM  # Gm = dL ⊙ Eb η
-        VEC = _empty((B, T, H, 3), f32, dev)  # d_ur, d_ub, d_u of the [C, C] terms
-        PART = _empty((B, T, H, cdiv(K, BKt), 4), f32, dev)  # the key tiles' row sums
-        _bwd_cc[(NT, B * H)](q, x, v, R, eta, g, A, dO, DU, dv, deta, MM, GM, VEC, T, XT, xoff, H, K, V, C, BK, BVt,
-                             delta, read_after, prec, group, gather, *va, num_warps=wt, **st)
-        _bwd_dqdx[(cdiv(K, BKt), NT, B * H)](q, x, v, R, eta, g, HS, DHS, dO, dv, MM, GM, dq, dx, PART, T, XT, xoff,
-                                             NT, H, K, V, C, BKt, BVt, delta, read_after, prec, group, gather, *va,
-                                             num_warps=wt, **st)
-        _bwd_gate[(NT, B * H)](g, VEC, PART, dg, T, XT, xoff, H, K, C, BKt, delta, read_after, group, gather, *va,
-                               num_warps=2)
-    else:
-        _bwd_main[(NT, B * H)](q, x, v, R, eta, g, A, HS, DHS, dO, DU, dq, dx, dv, deta, dg, T, XT, xoff,
-                               NT, H, K, V, C, BK, BVm, delta, read_after, prec, group, gather, *va,
-                               num_warps=wm, **st)
+    _bwd_gate[(NT, B * H)](g, VEC, PART, dg, T, XT, xoff, H, K, C, BKt, delta, read_after, group, gather, *va,
+                           num_warps=2)
+    VEC = PART = None
     if gather:
         W = group
         dq = dq.view(B, Ts, W, H, K).sum(2)

@@ -36,7 +36,7 @@ Timed in the full `bench kernels` of that commit (benchmarks/results/kernels_h20
 3.13 / 3.53 / 3.62 / 5.93 ms against the W scans' 4.60 / 5.56 / 5.45 / 10.53 ms (0.56-0.68x) at (16, 2048, 12, 64),
 (4, 8192, 12, 64), (16, 2048, 6, 128), (1, 32768, 6, 128), at lower peak memory (985 vs 1278 MB at K = 64).
 Its backward's _wl_bwd_main takes the read-out's row sum from the dq accumulator after the value loop (ours, as
-chunk.py's BWD_MAIN=rowsum does for Falcon-1; since 2026-12-03) with its own value block of 32
+chunk.py's backward does per key tile for Falcon-1; since 2026-12-03) with its own value block of 32
 (FALCON_TRITON_3A_BWD_BV); see the note above WL_BWD_BV for the H200 proof and timings (fwd+bwd 0.75x of the kernel
 before it at (16, 2048, 12, 64), same call).
 """
@@ -51,7 +51,7 @@ from .common import _empty, _np2, _prec, _stages, _state_get, _state_init, _stat
 from .host import env_choice
 
 BW = 16  # the carried-pairs tile (W - 1 <= 15 rows used)
-# _wl_bwd_main's read-out row sum d_ur_i ∋ e^{ur_i} Σ_v dO_iv (q_i S)_v (ours, as chunk.py's BWD_MAIN=rowsum): taken
+# _wl_bwd_main's read-out row sum d_ur_i ∋ e^{ur_i} Σ_v dO_iv (q_i S)_v (ours, as chunk.py's _bwd_dqdx does): taken
 # after the value loop from the dq accumulator, q_i · (dO_i Sᵀ) (one dot and one [C, BV] fp32 tile fewer per value
 # block than the kernel proven on the H200 up to 2026-12-03, which formed q·S per value block inside the loop), with q
 # loaded again after the loop and dq, dx stored before the band adjoints. Same sum, different rounding. Offline (sm_90a,
