@@ -193,15 +193,21 @@ def test_state_pass_value_tile_switch(monkeypatch):
         common.state_bv(32, 128, 6, torch.bfloat16)
 
 
-def test_state_pass_pipeline_stages_switch(monkeypatch):
-    """FALCON_TRITON_STATE_STAGES: empty (the default) keeps the call's compile options; 1-4 sets num_stages of the
-    state passes for 16-bit calls, never for fp32 (its 1 stage); anything else fails at import, naming the variable."""
+def test_state_pass_launch_switches(monkeypatch):
+    """FALCON_TRITON_STATE_STAGES / _WARPS: empty (the defaults) keep the call's compile options; 1-4 stages are set for
+    16-bit calls, never for fp32 (its 1 stage), warps for every call; anything else fails at import, naming the
+    variable."""
     from falcon_lab.kernels.triton import common
 
-    if "FALCON_TRITON_STATE_STAGES" not in os.environ:
-        assert common.STATE_STAGES == "" and common.state_stages({}) == {}
+    if not {"FALCON_TRITON_STATE_STAGES", "FALCON_TRITON_STATE_WARPS"} & set(os.environ):
+        assert common.STATE_STAGES == common.STATE_WARPS == "" and common.state_opts({}) == {}
     monkeypatch.setattr(common, "STATE_STAGES", "4")
-    assert common.state_stages({}) == {"num_stages": 4}
-    assert common.state_stages(common._stages(torch.float32)) == {"num_stages": 1}
-    out = import_with("falcon_lab.kernels.triton.common", FALCON_TRITON_STATE_STAGES="5")
-    assert out.returncode != 0 and "FALCON_TRITON_STATE_STAGES must be empty or 1-4, got '5'" in out.stderr
+    monkeypatch.setattr(common, "STATE_WARPS", "")
+    assert common.state_opts({}) == {"num_stages": 4}
+    assert common.state_opts(common._stages(torch.float32)) == {"num_stages": 1}
+    monkeypatch.setattr(common, "STATE_WARPS", "2")
+    assert common.state_opts(common._stages(torch.float32)) == {"num_stages": 1, "num_warps": 2}
+    for var, bad, msg in (("FALCON_TRITON_STATE_STAGES", "5", "must be empty or 1-4, got '5'"),
+                          ("FALCON_TRITON_STATE_WARPS", "3", "must be empty, 1, 2, 4 or 8, got '3'")):
+        out = import_with("falcon_lab.kernels.triton.common", **{var: bad})
+        assert out.returncode != 0 and f"{var} {msg}" in out.stderr, out.stderr[-400:]

@@ -63,3 +63,29 @@ def test_the_switches_it_names_exist():
     assert ("triton", "_FALCON_3") in named and ("chunk", "A_DTYPE") in named
     for module, attr in named:
         assert hasattr(importlib.import_module(t.module_path(module)), attr), (module, attr)
+
+
+def test_several_switches_time_every_combination():
+    t = _tool()
+    sw = [t.parse_switch("common.STATE_BV=auto,32"), t.parse_switch("common.STATE_WARPS=default,2,8")]
+    combos = t.combinations(sw)
+    assert [label for label, _ in combos] == [
+        "STATE_BV=auto;STATE_WARPS=default", "STATE_BV=auto;STATE_WARPS=2", "STATE_BV=auto;STATE_WARPS=8",
+        "STATE_BV=32;STATE_WARPS=default", "STATE_BV=32;STATE_WARPS=2", "STATE_BV=32;STATE_WARPS=8"]
+    assert combos[4][1] == [("common", "STATE_BV", "32"), ("common", "STATE_WARPS", "2")]
+    assert [label for label, _ in t.combinations(sw[:1])] == ["auto", "32"]  # one switch: its plain values
+    with pytest.raises(SystemExit, match="distinct values"):
+        t.parse_switch("common.STATE_WARPS=,2")  # an empty value: 'default' names the import-time one
+
+
+def test_selected_kernels_time():
+    t = _tool()
+    km = {"_fwd_state": 0.5, "_bwd_state": 0.75, "_bwd_cc": 0.25}
+    assert t.selected_ms(km, "_fwd_state|_bwd_state") == 1.25
+    assert t.selected_ms(km, "nothing") == 0 and t.selected_ms(km, None) is None
+    rows = [dict(op="falcon-1", shape=[1, 32768, 6, 128], value=v, round=r, gpu_ms=g, bench_ms=g, host_ms=1.0,
+                 peak_mb=10.0, sel_ms=g / 2) for r in range(2) for v, g in (("a", 2.0), ("b", 1.0))]
+    s = t.summarize(rows, ["a", "b"])
+    assert [x["sel_ms"] for x in s] == [1.0, 0.5]
+    md = t.to_markdown(s, dict(switch="x", gpu="G", torch="T", triton="3.6.0", commit="c", reps=2, kernels="_state"))
+    assert "| kernels /_state/ ms |" in md and "| falcon-1 | 1×32768×6×128 | b | 1.0 | 1.0–1.0 | 0.5 | 0.5 |" in md

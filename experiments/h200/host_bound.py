@@ -91,6 +91,8 @@ def measure(op, shape, n_host=30):
             fb()
         torch.cuda.synchronize()
     gpu_us = sum(e.self_device_time_total for e in prof.key_averages())
+    kernel_ms = {e.key: round(e.self_device_time_total / n_prof / 1e3, 4) for e in prof.key_averages()
+                 if e.self_device_time_total > 0}
     n_kernels = sum(e.count for e in prof.key_averages() if e.self_device_time_total > 0) / n_prof
     for t in ins:
         t.grad = None
@@ -101,7 +103,7 @@ def measure(op, shape, n_host=30):
     peak = torch.cuda.max_memory_allocated() / 2 ** 20
     return dict(bench_ms=round(bench, 4), host_ms=round(host, 4),
                 gpu_ms=round(gpu_us / n_prof / 1e3, 4), gpu_kernels_per_call=round(n_kernels, 1),
-                peak_mb=round(peak, 1))
+                peak_mb=round(peak, 1), kernel_ms=kernel_ms)
 
 
 def main():

@@ -39,7 +39,7 @@ import triton.language as tl
 
 from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _state_init,  # noqa: F401
                      _state_put, _state_tile, _varlen_chunk, _varlen_seq, cdiv, launch, state_bv,
-                     state_stages, varlen_args)
+                     state_opts, varlen_args)
 from .host import env_choice
 
 # The backward's per-chunk work (dq, dx, dv, dη, dg) runs as three kernels, _bwd_cc, _bwd_dqdx and _bwd_gate (ours,
@@ -819,7 +819,7 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
     ST = _empty((NS, H, K, V), f32, dev)
     _fwd_state[(cdiv(V, BVs), NS * H)](
         x, v, eta, g, WT, VT, S0 if S0 is not None else eta, HS, R, ST, T, XT, xoff, NT, H, K, V, C,
-        BK, BVs, delta, S0 is not None, True, prec, group, gather, *va, **state_stages(st))
+        BK, BVs, delta, S0 is not None, True, prec, group, gather, *va, **state_opts(st))
     O = _empty((B, Ts, H, V), out_dtype or q.dtype, dev)
     _fwd_out[(cdiv(V, BVo), NT, B * H)](
         q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, group, gather,
@@ -845,7 +845,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     _bwd_state[(cdiv(V, BVs), NS * H)](
         q, x, eta, g, WT, dO, DU, dST if dST is not None else eta, DHS,
         DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BK, BVs, delta, read_after,
-        dST is not None, need_ds0, prec, group, gather, *va, **state_stages(st))
+        dST is not None, need_ds0, prec, group, gather, *va, **state_opts(st))
     # The gradients and scratch are allocated just before the kernel that writes them first, and each fp32 buffer is
     # dropped after its last reader is queued (ours): the caching allocator hands DU's bytes to dq and dx, MM's and
     # DHS's to the gather path's sums (stream order makes the reuse safe). The peak is lower by about DU's size, and

@@ -79,21 +79,28 @@ def state_bv(bv: int, V: int, n_seq_heads: int, dtype: torch.dtype) -> int:
     return bv
 
 
-# The sequential state passes' software-pipeline depth (ours, opt-in, for measurement): "" (the default) leaves
-# Triton's (3 stages for 16-bit inputs; fp32 keeps 1, _stages); 1-4 sets num_stages for chunk.py's _fwd_state and
-# _bwd_state on 16-bit inputs. Why: on the H200 Falcon-1's state passes took 0.74 / 0.89 ms against 0.52 / 0.67 for
-# fla's fwd_h / dhu at (1, 32768, 6, 128) (2026-12-03), and fla's own autotune table for that shape (.tcache) has its
-# fwd_h at 0.58 ms with 3 stages and 0.515 with 4, its dhu at 0.96 with 2 and 0.67 with 3. Not yet measured here.
+# The sequential state passes' launch (ours, opt-in, for measurement; chunk.py's _fwd_state and _bwd_state):
+# FALCON_TRITON_STATE_STAGES, the software-pipeline depth: "" (the default) leaves Triton's (3 stages for 16-bit
+# inputs; fp32 keeps 1, _stages), 1-4 sets num_stages for 16-bit inputs; FALCON_TRITON_STATE_WARPS: "" (the default,
+# Triton's 4) or 1, 2, 4, 8 warps. Why: on the H200 Falcon-1's state passes took 0.74 / 0.89 ms against 0.52 / 0.67
+# for fla's fwd_h / dhu at (1, 32768, 6, 128) (2026-12-03), and fla autotunes its fwd_h over 2 and 4 warps and 2-4
+# stages (its table for that shape in .tcache: 0.58 ms with 3 stages, 0.515 with 4; dhu 0.96 with 2, 0.67 with 3).
+# Measured on 2026-12-03 (c84b0ad): 4 stages out of shared memory at K = 128, no faster elsewhere; warps not yet.
 STATE_STAGES = os.environ.get("FALCON_TRITON_STATE_STAGES", "")
 if STATE_STAGES not in ("", "1", "2", "3", "4"):
     raise ValueError(f"FALCON_TRITON_STATE_STAGES must be empty or 1-4, got {STATE_STAGES!r}")
+STATE_WARPS = os.environ.get("FALCON_TRITON_STATE_WARPS", "")
+if STATE_WARPS not in ("", "1", "2", "4", "8"):
+    raise ValueError(f"FALCON_TRITON_STATE_WARPS must be empty, 1, 2, 4 or 8, got {STATE_WARPS!r}")
 
 
-def state_stages(st: dict) -> dict:
-    """The compile options of a sequential state pass: the call's (`Launch.st`) unless STATE_STAGES sets num_stages
-    for a 16-bit call (fp32 keeps its 1 stage: 3 overflowed shared memory at K = 128)."""
+def state_opts(st: dict) -> dict:
+    """The compile options of a sequential state pass: the call's (`Launch.st`), with num_stages from STATE_STAGES for
+    a 16-bit call (fp32 keeps its 1 stage: 3 overflowed shared memory at K = 128) and num_warps from STATE_WARPS."""
     if STATE_STAGES and "num_stages" not in st:
-        return {**st, "num_stages": int(STATE_STAGES)}
+        st = {**st, "num_stages": int(STATE_STAGES)}
+    if STATE_WARPS:
+        st = {**st, "num_warps": int(STATE_WARPS)}
     return st
 
 
