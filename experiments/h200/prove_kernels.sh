@@ -242,6 +242,10 @@ step f3gather_time 200 bash -c "for m in expand gather; do FALCON_TRITON_3=\$m p
 step f2torch 150 python3 -m falcon_lab.bench kernels --quick --out "$W/kernels_f2torch" \
   --ops falcon-2,torch_chunk_falcon-2,falcon-2A,torch_chunk_falcon-2A
 step host 240 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/host_bound.py --out "$W/host_bound"
+# host_profile: cProfile of back-to-back fwd+bwd calls (experiments/h200/host_profile.py): where the host time of the
+# host-bound small-shape ops goes (HP_OPS, default falcon-1A,falcon-1; HP_SHAPE, default 0)
+step host_profile 120 python3 experiments/h200/host_profile.py --ops "${HP_OPS:-falcon-1A,falcon-1}" \
+  --shape "${HP_SHAPE:-0}" --out "$W/host_profile"
 step fla_warm 420 env TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$TC" python3 experiments/h200/fla_warm.py
 case " $STEPS " in *" fla_warm "*) (cd "$TC" && find . -name "*.autotune.json" | \
   tar czf "$W/fla_autotune.tgz" --transform "s,^\./,.tcache/," -T -) ;;
