@@ -105,3 +105,19 @@ def test_extra_ops_run_only_when_named():
         ins = [t.double() for t in make_inputs(op, 1, 40, 2, 16, 16, dtype=torch.float64, dev="cpu")]
         out = make_fn(op)(*ins)
         assert torch.allclose(out, reference(op, ins), atol=1e-9), op
+
+
+def test_the_ops_own_peak_leaves_out_what_was_allocated_before():
+    """peak_mem_op_mb: the peak less what earlier work left allocated (not the call's inputs and dO), shown beside
+    peak_mem_mb in the table when a row has it."""
+    import torch
+
+    from falcon_lab.benchmarking.kernels import own_peak_mb, summary
+
+    ins = [torch.empty(2 ** 18, dtype=torch.float32), torch.empty(2 ** 19, dtype=torch.bfloat16)]  # 1 MB + 1 MB
+    mb = 2 ** 20
+    # 64 MB left by earlier work, 2 MB of inputs, the op's peak 10 MB above them
+    assert own_peak_mb(peak=76 * mb, before=66 * mb, tensors=ins) == 12.0
+    row = dict(op="falcon-3", B=16, T=2048, H=12, K=64, fwd_ms=1.0, fwdbwd_ms=2.0, peak_mem_mb=3481.0)
+    assert "| 3481.0 |" in summary([row])
+    assert "| 3481.0 (3416.1) |" in summary([dict(row, peak_mem_op_mb=3416.1)])

@@ -1,7 +1,8 @@
 """The peak memory of a Triton op's forward+backward, predicted on a CPU machine from its allocations alone.
 
 `bench kernels` reports each op's peak on the GPU: torch.cuda.max_memory_allocated over one forward+backward, with
-the inputs and the output gradient already allocated. The kernels write into buffers the host code allocates, so the
+the inputs and the output gradient already allocated (its `peak_mem_op_mb`, the op's own, leaves out what earlier
+work left allocated; `switch_ab.py` / `host_bound.py` run nothing else first, so their peak is the op's own too). The kernels write into buffers the host code allocates, so the
 same number follows from the allocations: here the op runs on CPU tensors at the benchmark's real shapes with every
 Triton launch replaced by a no-op (the interpreter's launcher, stubbed: no kernel runs, so nothing is computed and the
 gradients are garbage), under torch.profiler's memory events, and the peak is the inputs' bytes plus the largest
