@@ -1,19 +1,15 @@
 """experiments/ablation/report.py: the study's tables and verdicts come from the committed MLflow store."""
-import importlib.util
 import sqlite3
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_helpers import ROOT, load_script
+
 DB = ROOT / "ablations" / "mlflow" / "mlflow.db"
 
 
 def _report():
-    spec = importlib.util.spec_from_file_location("ablation_report", ROOT / "experiments" / "ablation" / "report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("experiments/ablation/report.py", "ablation_report")
 
 
 def test_paired_t_and_holm_match_scipy():

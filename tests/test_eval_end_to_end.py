@@ -202,14 +202,11 @@ def test_real_decoder_recurrent_decode_equals_full_forward(mixer):
 def test_addition_experiment_rows_compose():
     """Every Table 3 row at every scale of experiments/addition/run_addition.py composes and passes
     the training config validation (no compute)."""
-    import importlib.util
-
     from falcon_lab.training import compose
     from falcon_lab.training.validate import validate_config
-    path = Path(__file__).resolve().parents[1] / "experiments" / "addition" / "run_addition.py"
-    spec = importlib.util.spec_from_file_location("run_addition", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from script_helpers import load_script
+
+    mod = load_script("experiments/addition/run_addition.py")
     for row, ov in mod.ROWS.items():
         for scale, sov in mod.SCALES.items():
             cfg = compose(["experiment=addition"] + ov + sov)
@@ -246,12 +243,11 @@ def test_evaluate_finds_run_by_run_dir_or_creates_one(trained, tmp_path):
 def test_addition_report_table_marks_incomplete_rows_and_plots(tmp_path):
     """experiments/addition/report.py: seeds aggregated (mean, range), incomplete runs starred with
     their last step, per-width plot from the best step's ood_by_width."""
-    import importlib.util
     import json
-    path = Path(__file__).resolve().parents[1] / "experiments" / "addition" / "report.py"
-    spec = importlib.util.spec_from_file_location("addition_report", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+
+    from script_helpers import load_script
+
+    mod = load_script("experiments/addition/report.py", "addition_report")
     d = tmp_path / "h200"
     d.mkdir()
 

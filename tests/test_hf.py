@@ -416,9 +416,10 @@ def test_fla_check_script_parses_and_refuses_without_fla(tmp_path):
     """experiments/h200/fla_layer_check.py is for a GPU machine with fla; here it must say so (exit code 2) and
     still write its JSON."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("fla_layer_check", ROOT / "experiments" / "h200" / "fla_layer_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+
+    from script_helpers import load_script
+
+    mod = load_script("experiments/h200/fla_layer_check.py")
     out = tmp_path / "r.json"
     code = mod.main(["--out", str(out), "--steps", "2"])
     res = json.loads(out.read_text())

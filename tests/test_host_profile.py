@@ -1,17 +1,12 @@
 """experiments/h200/host_profile.py's CPU-side logic (the profile itself runs on the GPU machine)."""
 import cProfile
-import importlib.util
 import pstats
-from pathlib import Path
 
-TOOL = Path(__file__).resolve().parents[1] / "experiments" / "h200" / "host_profile.py"
+from script_helpers import load_script
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("host_profile", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("experiments/h200/host_profile.py")
 
 
 def _busy(n):

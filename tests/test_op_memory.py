@@ -1,21 +1,17 @@
 """experiments/h200/op_memory.py: the peak of an op's forward+backward from its allocations (kernels stubbed), as
 torch.cuda.max_memory_allocated measures it on the GPU. The CPU-side logic; its agreement with the H200's measured
 peaks is in benchmarks/results/h200_logs/kernels_2026-12-03f/README.md."""
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_helpers import ROOT, load_script
+
 TOOL = ROOT / "experiments" / "h200" / "op_memory.py"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("op_memory", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("experiments/h200/op_memory.py")
 
 
 def _ev(ts, nbytes, total):

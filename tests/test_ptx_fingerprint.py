@@ -1,21 +1,17 @@
 """experiments/h200/ptx_fingerprint.py: what its normalisation forgives (names, line info, constant order, unused
 arguments) and what it does not (a changed computation), and one real run on this machine's Triton."""
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_helpers import ROOT, load_script
+
 TOOL = ROOT / "experiments" / "h200" / "ptx_fingerprint.py"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("ptx_fingerprint", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("experiments/h200/ptx_fingerprint.py")
 
 
 IR = """#loc = loc(unknown)

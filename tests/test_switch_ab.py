@@ -1,18 +1,13 @@
 """experiments/h200/switch_ab.py's CPU-side logic: the switch argument, the interleaving, the medians and ratios it
 reports (the timing itself needs the GPU)."""
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[1] / "experiments" / "h200" / "switch_ab.py"
+from script_helpers import load_script
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("switch_ab", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("experiments/h200/switch_ab.py")
 
 
 def test_parse_switch():
