@@ -35,8 +35,8 @@ for delta in (True, False):
     CASES.append(_c(f"{v}-strong-decay-C64", delta=delta, C=64, T=64, B=1, H=1, strong=True, seed=4))
     CASES.append(_c(f"{v}-no-S0-no-dST", delta=delta, s0=False, no_dst=True, seed=5))
     CASES.append(_c(f"{v}-fp16", delta=delta, dtype="float16", seed=6))
-# A's storage (ours): the cases above store it in the inputs' dtype (FALCON_TRITON_A_DTYPE=auto, the default since
-# 2026-12-03; fp32 for Falcon-3's in-place pseudo-tokens); here Falcon-1 in fp16 on F1-fp16's inputs with A in fp32
+# A's storage (ours): the cases above store it in the inputs' dtype (FALCON_TRITON_A_DTYPE=input, the default; Falcon-3
+# in place too since 2026-12-03's fifteenth session); here Falcon-1 in fp16 on F1-fp16's inputs with A in fp32
 # (=fp32, the opt-out: a store rounds as the readers' cast does, so the same errors), Falcon-3's expansion in fp16 at
 # C = 64 with =input
 CASES.append(_c("F1-fp16-a-fp32", delta=True, dtype="float16", seed=6, a_dtype="fp32"))
@@ -300,9 +300,9 @@ SWITCHES = [
     # the blocked intra-chunk term (0.8x the exact broadcast's time); =exact keeps the broadcast
     (KT + "percol", "INTRA", "FALCON_TRITON_2A", "blocked", "block",
      "FALCON_TRITON_2A must be 'exact' or 'blocked', got 'block'"),
-    # the triangular inverse A's storage between forward and backward: the inputs' dtype (fp32 for Falcon-3 in place)
-    (KT + "chunk", "A_DTYPE", "FALCON_TRITON_A_DTYPE", "auto", "bf16",
-     "FALCON_TRITON_A_DTYPE must be 'auto', 'fp32' or 'input', got 'bf16'"),
+    # the triangular inverse A's storage between forward and backward: the inputs' dtype (every path)
+    (KT + "chunk", "A_DTYPE", "FALCON_TRITON_A_DTYPE", "input", "bf16",
+     "FALCON_TRITON_A_DTYPE must be 'input' or 'fp32', got 'bf16'"),
     # the banded 3A's backward value block
     (KT + "window_linear", "WL_BWD_BV", "FALCON_TRITON_3A_BWD_BV", "32", "48",
      "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),

@@ -209,10 +209,10 @@ step stages_time 240 bash -c "for m in default $SGT; do FALCON_TRITON_STATE_STAG
 step ainput_time 300 env TRITON_CACHE_DIR="$TC" python3 experiments/h200/switch_ab.py --switch \
   chunk.A_DTYPE=fp32,input --ops falcon-1,falcon-3 --reps 2 --out "$W/switch_ab_ainput"
 # switch_ab: a kernel switch's values timed in one process, interleaved (experiments/h200/switch_ab.py; GPU time from
-# the profiler, do_bench, host time, peak): AB_SWITCH (default chunk.A_DTYPE=auto,fp32; several, space-separated:
+# the profiler, do_bench, host time, peak): AB_SWITCH (default chunk.A_DTYPE=input,fp32; several, space-separated:
 # every combination), AB_OPS, AB_SHAPES, AB_REPS, AB_KERNELS (a regex: those kernels' device time too), AB_ENV (VAR=v
 # words for its process: e.g. FALCON_TRITON_UNPROVEN=1 for an unproven value)
-AB_ARGS=(); for _s in ${AB_SWITCH:-chunk.A_DTYPE=auto,fp32}; do AB_ARGS+=(--switch "$_s"); done
+AB_ARGS=(); for _s in ${AB_SWITCH:-chunk.A_DTYPE=input,fp32}; do AB_ARGS+=(--switch "$_s"); done
 step switch_ab 300 env ${AB_ENV:-} TRITON_CACHE_DIR="$TC" python3 experiments/h200/switch_ab.py "${AB_ARGS[@]}" \
   --ops "${AB_OPS:-falcon-1,falcon-3}" --shapes "${AB_SHAPES:-0,1,2,3}" --reps "${AB_REPS:-3}" \
   ${AB_KERNELS:+--kernels "$AB_KERNELS"} --out "$W/switch_ab"

@@ -3,7 +3,7 @@ switch (or each combination of several), interleaved, so that process-to-process
 rowsum-vs-split comparison of 2026-12-03 inconclusive: kernels_2026-12-03e) does not enter the comparison. One GPU,
 alone.
 
-    python3 experiments/h200/switch_ab.py --switch chunk.A_DTYPE=auto,fp32 --ops falcon-1,falcon-3 \
+    python3 experiments/h200/switch_ab.py --switch chunk.A_DTYPE=input,fp32 --ops falcon-1,falcon-3 \
         --shapes 0,1,2,3 --reps 3 --out $OUT/switch_ab
     python3 experiments/h200/switch_ab.py --switch common.STATE_BV=auto,32,64 --switch common.STATE_WARPS=default,2,8 \
         --ops falcon-1 --shapes 1 --kernels '_fwd_state|_bwd_state' --reps 2 --out $OUT/state_launch
@@ -33,7 +33,7 @@ SHAPES = [(16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 
 
 
 def parse_switch(text: str):
-    """'chunk.A_DTYPE=auto,fp32' -> ('chunk', 'A_DTYPE', ['auto', 'fp32'])."""
+    """'chunk.A_DTYPE=input,fp32' -> ('chunk', 'A_DTYPE', ['input', 'fp32'])."""
     try:
         target, values = text.split("=", 1)
         module, attr = target.rsplit(".", 1)

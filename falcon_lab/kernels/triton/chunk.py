@@ -27,8 +27,8 @@ Every exponent is <= 0 (clamped with min(., 0) against rounding). Kernels:
 
 All accumulation is fp32; dot operands are in the input dtype (bf16/fp16 -> tensor cores; fp32 ->
 full-precision "ieee" dots unless tf32 is asked for). States and the backward's dU are kept in fp32;
-Wt, Vt and R (the residuals) are stored in the input dtype (as fla does), and A too (FALCON_TRITON_A_DTYPE=auto, the
-default; fp32 for Falcon-3's in-place pseudo-tokens and with =fp32).
+Wt, Vt and R (the residuals) are stored in the input dtype (as fla does), and A too (FALCON_TRITON_A_DTYPE=input, the
+default; fp32 with =fp32).
 """
 
 from __future__ import annotations
@@ -51,21 +51,19 @@ from .host import env_choice
 # Falcon-1A at (16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128), for 57-106 MB less peak
 # (the split's scratch). FALCON_TRITON_BWD_MAIN is no longer read.
 # The storage of the triangular inverse A between _fwd_prep and the backward (ours): "input" (the inputs' dtype, as
-# fla stores its A), "fp32", or "auto" (the default since 2026-12-03, fourteenth session: the inputs' dtype, except fp32
-# for Falcon-3's in-place pseudo-tokens, gather=True, whose build with a 16-bit A has not run on the GPU). Every reader
-# casts A to the inputs' dtype after loading it (_bwd_cc: AiT = trans(A).to(dt)), and a
-# store rounds as that cast does, so the gradients do not change: on the H200 (2026-12-03, 3a650c1 and 71520f4,
-# kernels_2026-12-03f) Falcon-1's and Falcon-3's (expansion) whole check sweeps pass with "input" (29/29 each), fwd+bwd
-# 0.986-0.996x "fp32" in one process, peak -24 to -48 MB (Falcon-1) and -96 to -192 MB (Falcon-3's expansion) at the
-# benchmark's four shapes.
-A_DTYPE = env_choice("FALCON_TRITON_A_DTYPE", "auto", ("auto", "fp32", "input"))
+# fla stores its A; the default) or "fp32". Every reader casts A to the inputs' dtype after loading it (_bwd_cc:
+# AiT = trans(A).to(dt)), and a store rounds as that cast does, so the gradients do not change. On the H200 with
+# "input": Falcon-1's and Falcon-3's (expansion) whole check sweeps (29/29 each; 2026-12-03, 3a650c1 and 71520f4,
+# kernels_2026-12-03f), fwd+bwd 0.986-0.996x "fp32" in one process, peak -24 to -48 MB (Falcon-1) and -96 to -192 MB
+# (Falcon-3's expansion) at the benchmark's four shapes; Falcon-3 in place (gather=True) rows 1-25 of `bench check
+# --variants 3` (every row it implements; 2026-12-03, fifteenth session, 5ceb36d, kernels_2026-12-03g), the default
+# for it since then too (until then "auto" kept it in fp32).
+A_DTYPE = env_choice("FALCON_TRITON_A_DTYPE", "input", ("input", "fp32"))
 
 
-def a_dtype(dtype: torch.dtype, gather: bool = False) -> torch.dtype:
-    """The dtype A is stored in for inputs of `dtype` (A_DTYPE; gather: Falcon-3's in-place pseudo-tokens)."""
-    if A_DTYPE == "input" or (A_DTYPE == "auto" and not gather):
-        return dtype
-    return torch.float32
+def a_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype A is stored in for inputs of `dtype` (A_DTYPE)."""
+    return dtype if A_DTYPE == "input" else torch.float32
 
 
 # ------------------------------------------------------------------------------------------------
@@ -806,7 +804,7 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
     XT = x.shape[1] if cu_seqlens is None else (x.shape[1] - T) // NS  # packed: each sequence's carried pair rows
     f32 = torch.float32
     if delta:
-        A = torch.empty(B, T, H, C, dtype=a_dtype(q.dtype, gather), device=dev)
+        A = torch.empty(B, T, H, C, dtype=a_dtype(q.dtype), device=dev)
         WT = torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
         VT = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
         R = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)

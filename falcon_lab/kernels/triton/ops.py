@@ -82,7 +82,7 @@ def _scalar_saved_shapes(q, x, v, cfg, cu=None):
     hs = ((B, H, _chunk_slots(T, C, cu), K, V), torch.float32)
     if not delta:
         return [hs] + [((0,), torch.float32)] * 3
-    return [hs, ((B, T, H, C), a_dtype(q.dtype, bool(gather))), ((B, T, H, K), q.dtype), ((B, T, H, V), q.dtype)]
+    return [hs, ((B, T, H, C), a_dtype(q.dtype)), ((B, T, H, K), q.dtype), ((B, T, H, V), q.dtype)]
 
 
 # percol / percol_delta cfg: [read_after, C, allow_tf32]
