@@ -168,6 +168,8 @@ if __name__ == "__main__":
     default_3a = kt._FALCON_3A
     default_a_dtype = kchunk.A_DTYPE
     default_intra = kpercol.INTRA
+    default_fwd_grid = kpercol.FWD_GRID
+    default_rows_bv = kpercol.ROWS_BV
     default_state_bv = kcommon.STATE_BV
     default_wl_bwd_bv = kwl.WL_BWD_BV
     default_solve = kpdelta.SOLVE
@@ -177,6 +179,8 @@ if __name__ == "__main__":
         # what FALCON_TRITON_3A=banded / =scans sets; neither: the default (banded since 2026-12-03) or the env's
         kt._FALCON_3A = "banded" if c.get("banded") else "scans" if c.get("scans") else default_3a
         kpercol.INTRA = c.get("intra", default_intra)  # what FALCON_TRITON_2A sets
+        kpercol.FWD_GRID = c.get("fwd_grid", default_fwd_grid)  # what FALCON_TRITON_2A_FWD_GRID sets
+        kpercol.ROWS_BV = c.get("rows_bv", default_rows_bv)  # what FALCON_TRITON_2A_ROWS_BV sets
         kpdelta.SOLVE = c.get("solve", default_solve)  # what FALCON_TRITON_2_SOLVE sets
         kpdelta.BWD_SOLVE = c.get("bwd_solve", default_bwd_solve)  # what FALCON_TRITON_2_BWD_SOLVE sets
         kpdelta.BLK_BWD = tuple(c.get("blk_bwd", default_blk_bwd))  # what FALCON_TRITON_2_BLK_BWD sets

@@ -42,6 +42,15 @@ SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per 
 # The intra-chunk term: "blocked" (16-row sub-blocks, the off-diagonal blocks as tensor-core dots: ours, the default)
 # or "exact" (the [C, C, SB] broadcast). Both proven on the H200. Falcon-2 shares it.
 INTRA = env_choice("FALCON_TRITON_2A", "blocked", ("exact", "blocked"))
+# The blocked forward term's grid (ours): "chunk" (_pc_fwd_intra_blk: one program per chunk and value tile, its four
+# sub-blocks in turn; the default, proven) or "block" (_pc_fwd_intra_sb: one program per sub-block, as _pc_bwd_cols,
+# written 2026-12-03 after the H200 profile of Falcon-2A at (16, 2048, 12, 64) put _pc_fwd_intra_blk at 3.40 ms of a
+# 9.9 ms fwd+bwd while _pc_bwd_cols, the same broadcast per sub-block, took 0.85 ms; kernels_2026-12-03g). The same
+# arithmetic; under the interpreter both agree with the float64 loop.
+FWD_GRID = env_choice("FALCON_TRITON_2A_FWD_GRID", "chunk", ("chunk", "block"))
+# _pc_bwd_rows' value tile (ours): "32" (the default, proven) or "16" (half the [16, 16, BV] broadcast per step of its
+# value loop; written after the same profile put _pc_bwd_rows at 4.09 ms of Falcon-2A's 9.9, the largest kernel).
+ROWS_BV = env_choice("FALCON_TRITON_2A_ROWS_BV", "32", ("32", "16"))
 
 
 @triton.jit
@@ -244,6 +253,66 @@ def _pc_fwd_intra_blk(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constex
             intra += tl.exp(tl.minimum(ura - rho[None, :], 0.)) * tl.dot(Poff.to(dt), Wt.to(dt), input_precision=PREC)
         of = tl.load(OF + offa, mask=va, other=0.)
         tl.store(O + offa, (of + intra).to(O.dtype.element_ty), mask=va)
+
+
+@triton.jit
+def _pc_fwd_intra_sb(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr,
+                     PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+    """_pc_fwd_intra_blk's arithmetic with one program per sub-block instead of per chunk (ours, FWD_GRID="block"),
+    laid out as _pc_bwd_cols: the 16 rows of sub-block a of a chunk and one value tile, its diagonal [16, 16, BV]
+    broadcast, then its rows against the earlier rows (loaded masked to them) as one tensor-core dot. Grid: (value
+    tiles, chunks·NB, B·H)."""
+    NB: tl.constexpr = C // 16
+    vb = tl.program_id(0)
+    pid = tl.program_id(1)
+    bh = tl.program_id(2)
+    n = pid // NB
+    a = pid % NB
+    b = bh // H
+    h = bh % H
+    if VARLEN:
+        _s, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        Q += bos * H * K
+        X += bos * H * K
+        VV += bos * H * V
+        ETA += bos * H * V
+        G += bos * H * V
+        OF += bos * H * V
+        O += bos * H * V
+    i = tl.arange(0, C)
+    j = tl.arange(0, 16)
+    rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
+    _r, ma, ta, _x = _chunk_rows(b, h, n * NB + a, j, T, T, 0, H, 16)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    before = i < a * 16
+    vbm = rmask[:, None] & vmask[None, :] & before[:, None]
+    off = tok[:, None] * V + cv[None, :]
+    ka = ma[:, None] & kmask[None, :]
+    va = ma[:, None] & vmask[None, :]
+    offa = ta[:, None] * V + cv[None, :]
+    qa = tl.load(Q + ta[:, None] * K + ck[None, :], mask=ka, other=0.)
+    xa = tl.load(X + ta[:, None] * K + ck[None, :], mask=ka, other=0.)
+    dt = qa.dtype
+    g = tl.load(G + off, mask=vbm, other=0.)  # the rows before the block: ρ and their log-prefix
+    ga = tl.load(G + offa, mask=va, other=0.)
+    Ua = tl.load(VV + offa, mask=va, other=0.).to(tl.float32) * tl.load(ETA + offa, mask=va, other=0.)
+    rho, ua, ura = _blk_prefix(g, ga, i, a, READ_AFTER)
+    Paa = tl.where(_causal16(j, READ_AFTER), tl.dot(qa, tl.trans(xa), input_precision=PREC), 0.)
+    intra = tl.sum(Paa[:, :, None] * tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.)) * Ua[None, :, :], 1)
+    if a > 0:
+        x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :] & before[:, None],
+                    other=0.)
+        U = tl.load(VV + off, mask=vbm, other=0.).to(tl.float32) * tl.load(ETA + off, mask=vbm, other=0.)
+        u = tl.cumsum(g, 0)
+        Wt = tl.where(before[:, None], tl.exp(tl.minimum(rho[None, :] - u, 0.)), 0.) * U
+        Poff = tl.dot(qa, tl.trans(x), input_precision=PREC)  # x is zero from the block on
+        intra += tl.exp(tl.minimum(ura - rho[None, :], 0.)) * tl.dot(Poff.to(dt), Wt.to(dt), input_precision=PREC)
+    of = tl.load(OF + offa, mask=va, other=0.)
+    tl.store(O + offa, (of + intra).to(O.dtype.element_ty), mask=va)
 
 
 @triton.jit
@@ -550,7 +619,11 @@ def fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, v
     the default, ours) or, with FALCON_TRITON_2A=exact, the [C, C, 4]-column broadcast. Both proven on the H200.
     B = O.shape[0]."""
     B = O.shape[0]
-    if INTRA == "blocked":
+    if INTRA == "blocked" and FWD_GRID == "block":
+        BVi = min(32, _np2(V))
+        _pc_fwd_intra_sb[(cdiv(V, BVi), NT * (C // 16), B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, BVi,
+                                                                read_after, prec, *va, num_warps=4, **st)
+    elif INTRA == "blocked":
         BVi = min(32, _np2(V))
         _pc_fwd_intra_blk[(cdiv(V, BVi), NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, BVi, read_after,
                                                      prec, *va, num_warps=8, **st)
@@ -571,7 +644,8 @@ def bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta,
         NB = C // 16
         BVi = min(32, _np2(V))
         MM = torch.empty(B, T, H, C, dtype=torch.float32, device=q.device)
-        _pc_bwd_rows[(NT * NB, B * H)](q, x, v, eta, g, dO, DGR, MM, T, H, K, V, C, BK, BVi, read_after, prec, *va,
+        _pc_bwd_rows[(NT * NB, B * H)](q, x, v, eta, g, dO, DGR, MM, T, H, K, V, C, BK, min(BVi, int(ROWS_BV)),
+                                      read_after, prec, *va,
                                       num_warps=8, **st)
         _pc_bwd_cols[(cdiv(V, BVi), NT * NB, B * H)](q, x, v, eta, g, dO, DU, DGU, T, H, K, V, C, BK, BVi, read_after,
                                                     prec, *va, num_warps=4, **st)
