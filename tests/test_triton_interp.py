@@ -103,14 +103,15 @@ CASES.append(_c("F2A-blocked-fp16-C64", delta=False, per_col=True, C=64, T=70, B
                 intra="blocked"))
 CASES.append(_c("F2-blocked-C64-strong-decay", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
                 strong=True, seed=19, intra="blocked"))
-# ... the blocked forward term with one program per sub-block (fwd_grid="block": what FALCON_TRITON_2A_FWD_GRID=block
-# sets) and _pc_bwd_rows by value tiles of 16 (rows_bv="16": FALCON_TRITON_2A_ROWS_BV=16); opt-in, not yet proven
-CASES.append(_c("F2A-sb-C64-V48-rows16", delta=False, per_col=True, C=64, T=70, B=1, V=48, seed=13, intra="blocked",
-                fwd_grid="block", rows_bv="16"))
+# ... the blocked forward term with one program per chunk (fwd_grid="chunk": FALCON_TRITON_2A_FWD_GRID=chunk, the
+# opt-out; the cases above run the default, one program per sub-block) and _pc_bwd_rows by value tiles of 16
+# (rows_bv="16": FALCON_TRITON_2A_ROWS_BV=16, opt-in, slower on the H200)
+CASES.append(_c("F2A-chunkgrid-C64-V48-rows16", delta=False, per_col=True, C=64, T=70, B=1, V=48, seed=13,
+                intra="blocked", fwd_grid="chunk", rows_bv="16"))
 CASES.append(_c("F2A-sb-before-C32-strong-decay", delta=False, per_col=True, after=False, C=32, T=45, B=1, K=16,
                 V=20, strong=True, seed=14, intra="blocked", fwd_grid="block"))
-CASES.append(_c("F2-sb-fp16-C64-no-S0-rows16", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=32,
-                dtype="float16", s0=False, seed=19, intra="blocked", fwd_grid="block", rows_bv="16"))
+CASES.append(_c("F2-chunkgrid-fp16-C64-no-S0-rows16", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=32,
+                dtype="float16", s0=False, seed=19, intra="blocked", fwd_grid="chunk", rows_bv="16"))
 CASES.append(_c("F2-after", delta=True, per_col=True, seed=17))
 CASES.append(_c("F2-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=18))
 CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
@@ -180,8 +181,8 @@ VARLEN += [dict(id=f"varlen-native-F3-{dt}-C{C}-{rd}", varlen=True, variant="3",
                 shift=(rd == "after"), seed=90 + i)
            for i, (dt, C, rd) in enumerate([("float32", 16, "after"), ("float32", 32, "before"),
                                             ("float16", 64, "after")])]
-VARLEN += [dict(id=f"varlen-native-F{v}-sb-C64", varlen=True, variant=v, dtype="float32", C=64, seed=64 + i,
-                fwd_grid="block", rows_bv="16") for i, v in enumerate(("2A", "2"))]
+VARLEN += [dict(id=f"varlen-native-F{v}-C64-chunkgrid-rows16", varlen=True, variant=v, dtype="float32", C=64,
+                seed=64 + i, fwd_grid="chunk", rows_bv="16") for i, v in enumerate(("2A", "2"))]
 # the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the
 # fused prep kernels' packed branch
 VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dtype="float32", C=16, prep="torch",
@@ -314,8 +315,8 @@ SWITCHES = [
     (KT + "chunk", "A_DTYPE", "FALCON_TRITON_A_DTYPE", "input", "bf16",
      "FALCON_TRITON_A_DTYPE must be 'input' or 'fp32', got 'bf16'"),
     # the blocked forward term's grid and _pc_bwd_rows' value tile
-    (KT + "percol", "FWD_GRID", "FALCON_TRITON_2A_FWD_GRID", "chunk", "blocks",
-     "FALCON_TRITON_2A_FWD_GRID must be 'chunk' or 'block', got 'blocks'"),
+    (KT + "percol", "FWD_GRID", "FALCON_TRITON_2A_FWD_GRID", "block", "blocks",
+     "FALCON_TRITON_2A_FWD_GRID must be 'block' or 'chunk', got 'blocks'"),
     (KT + "percol", "ROWS_BV", "FALCON_TRITON_2A_ROWS_BV", "32", "64",
      "FALCON_TRITON_2A_ROWS_BV must be '32' or '16', got '64'"),
     # the banded 3A's backward value block

@@ -8,12 +8,12 @@ alone.
     python3 experiments/h200/switch_ab.py --switch common.STATE_BV=auto,32,64 --switch common.STATE_WARPS=default,2,8 \
         --ops falcon-1 --shapes 1 --kernels '_fwd_state|_bwd_state' --reps 2 --out $OUT/state_launch
 
-`--switch MODULE.ATTR=v1,v2[,...]`: an attribute of `falcon_lab.kernels.triton.MODULE` read at call time (the
-kernels' switches are: chunk.A_DTYPE, common.STATE_BV, window_linear.WL_BWD_BV, percol.INTRA, percol.FWD_GRID,
-percol.ROWS_BV, percol_delta.SOLVE, percol_delta.BWD_SOLVE, common.STATE_STAGES, common.STATE_WARPS, and the package's own as triton._FALCON_3,
-triton._FALCON_3A); values are strings as the environment variable takes them, `default` the attribute's value at
-import. Several `--switch` arguments time every combination of their values (a value is then labelled
-`ATTR=v;ATTR2=w`). For each shape and op, `--reps` rounds; each round times every value once, in an order that
+`--switch MODULE.ATTR=v1,v2[,...]`: an attribute of `falcon_lab.kernels.triton.MODULE` read at call time (the kernels'
+switches are: chunk.A_DTYPE, common.STATE_BV, window_linear.WL_BWD_BV, percol.INTRA, percol.FWD_GRID, percol.ROWS_BV,
+percol_delta.SOLVE, percol_delta.BWD_SOLVE, common.STATE_STAGES, common.STATE_WARPS, and the package's own as
+triton._FALCON_3, triton._FALCON_3A); values are strings as the environment variable takes them, `default` the
+attribute's value at import. Several `--switch` arguments time every combination of their values (a value is then
+labelled `ATTR=v;ATTR2=w`). For each shape and op, `--reps` rounds; each round times every value once, in an order that
 alternates between rounds. Per (op, shape, value):
 the medians over rounds of `gpu_ms` (the kernels' summed device time per forward+backward, torch.profiler: what a
 kernel choice changes), `bench_ms` (do_bench's median, as `bench kernels`), `host_ms`, and the peak; then each value's

@@ -42,14 +42,20 @@ SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per 
 # The intra-chunk term: "blocked" (16-row sub-blocks, the off-diagonal blocks as tensor-core dots: ours, the default)
 # or "exact" (the [C, C, SB] broadcast). Both proven on the H200. Falcon-2 shares it.
 INTRA = env_choice("FALCON_TRITON_2A", "blocked", ("exact", "blocked"))
-# The blocked forward term's grid (ours): "chunk" (_pc_fwd_intra_blk: one program per chunk and value tile, its four
-# sub-blocks in turn; the default, proven) or "block" (_pc_fwd_intra_sb: one program per sub-block, as _pc_bwd_cols,
-# written 2026-12-03 after the H200 profile of Falcon-2A at (16, 2048, 12, 64) put _pc_fwd_intra_blk at 3.40 ms of a
-# 9.9 ms fwd+bwd while _pc_bwd_cols, the same broadcast per sub-block, took 0.85 ms; kernels_2026-12-03g). The same
-# arithmetic; under the interpreter both agree with the float64 loop.
-FWD_GRID = env_choice("FALCON_TRITON_2A_FWD_GRID", "chunk", ("chunk", "block"))
+# The blocked forward term's grid (ours): "block" (_pc_fwd_intra_sb: one program per sub-block, as _pc_bwd_cols; the
+# default since 2026-12-03, fifteenth session) or "chunk" (_pc_fwd_intra_blk: one program per chunk and value tile,
+# its sub-blocks in turn; the default before). Why: the H200 profile of Falcon-2A at (16, 2048, 12, 64) put
+# _pc_fwd_intra_blk at 3.40 ms of a 9.9 ms fwd+bwd while _pc_bwd_cols, the same broadcast per sub-block, took 0.85 ms.
+# On the H200 (torch 2.11, Triton 3.6, 134006c; benchmarks/results/h200_logs/kernels_2026-12-03g/) with "block": all
+# 29 rows of `bench check --variants 2A` and of `--variants 2` pass (bf16 and fp32, NaN-poisoned outputs, varlen,
+# decode); in one process (switch_ab.py, GPU time) Falcon-2A's fwd+bwd took 0.848 / 0.856 / 0.854 / 0.828x the
+# "chunk" grid's at (16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128) (9.97 -> 8.46 ms at
+# the first) and Falcon-2's 0.956 / 0.980 / 0.971 / 0.944x; the kernel itself 3.24 -> 1.60-1.87 ms.
+FWD_GRID = env_choice("FALCON_TRITON_2A_FWD_GRID", "block", ("block", "chunk"))
 # _pc_bwd_rows' value tile (ours): "32" (the default, proven) or "16" (half the [16, 16, BV] broadcast per step of its
-# value loop; written after the same profile put _pc_bwd_rows at 4.09 ms of Falcon-2A's 9.9, the largest kernel).
+# value loop; written after the same profile put _pc_bwd_rows at 4.09 ms of Falcon-2A's 9.9, the largest kernel). In
+# the same process on the H200 "16" was slower at every shape (1.03-1.06x Falcon-2A's fwd+bwd; kernels_2026-12-03g),
+# so it stays opt-in and unproven (interpreter-tested only).
 ROWS_BV = env_choice("FALCON_TRITON_2A_ROWS_BV", "32", ("32", "16"))
 
 
@@ -201,10 +207,11 @@ def _causal16(j, READ_AFTER: tl.constexpr):
 def _pc_fwd_intra_blk(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr,
                       PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
-    """_pc_fwd_intra with the intra-chunk term by 16-row sub-blocks (ours, the default, after fla's GLA sub-chunking):
-    the diagonal [16, 16] blocks exactly as a [16, 16, BV] broadcast; block a's rows against all earlier rows as
-    one tensor-core dot, e^{ur_i - u_s} = e^{ur_i - ρ_a} e^{ρ_a - u_s} with ρ_a the log-prefix just before block a,
-    both factors <= 0 in the exponent (u never increases), so nothing overflows. Grid: (value tiles, chunks, B·H)."""
+    """_pc_fwd_intra with the intra-chunk term by 16-row sub-blocks (ours, after fla's GLA sub-chunking; with
+    FWD_GRID="chunk"): the diagonal [16, 16] blocks exactly as a [16, 16, BV] broadcast; block a's rows against all
+    earlier rows as one tensor-core dot, e^{ur_i - u_s} = e^{ur_i - ρ_a} e^{ρ_a - u_s} with ρ_a the log-prefix just
+    before block a, both factors <= 0 in the exponent (u never increases), so nothing overflows. Grid: (value tiles,
+    chunks, B·H)."""
     vb = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
@@ -259,10 +266,10 @@ def _pc_fwd_intra_blk(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constex
 def _pc_fwd_intra_sb(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr,
                      PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
-    """_pc_fwd_intra_blk's arithmetic with one program per sub-block instead of per chunk (ours, FWD_GRID="block"),
-    laid out as _pc_bwd_cols: the 16 rows of sub-block a of a chunk and one value tile, its diagonal [16, 16, BV]
-    broadcast, then its rows against the earlier rows (loaded masked to them) as one tensor-core dot. Grid: (value
-    tiles, chunks·NB, B·H)."""
+    """_pc_fwd_intra_blk's arithmetic with one program per sub-block instead of per chunk (ours, FWD_GRID="block", the
+    default), laid out as _pc_bwd_cols: the 16 rows of sub-block a of a chunk and one value tile, its diagonal
+    [16, 16, BV] broadcast, then its rows against the earlier rows (loaded masked to them) as one tensor-core dot.
+    Grid: (value tiles, chunks·NB, B·H)."""
     NB: tl.constexpr = C // 16
     vb = tl.program_id(0)
     pid = tl.program_id(1)
@@ -615,9 +622,9 @@ def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, 
 
 
 def fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, va, st):
-    """O = OF + the intra-chunk term: by 16-row sub-blocks with tensor-core dots between them (_pc_fwd_intra_blk;
-    the default, ours) or, with FALCON_TRITON_2A=exact, the [C, C, 4]-column broadcast. Both proven on the H200.
-    B = O.shape[0]."""
+    """O = OF + the intra-chunk term: by 16-row sub-blocks with tensor-core dots between them, one program per
+    sub-block (_pc_fwd_intra_sb; the default, ours) or per chunk (_pc_fwd_intra_blk, FWD_GRID="chunk"), or, with
+    FALCON_TRITON_2A=exact, the [C, C, 4]-column broadcast. All three proven on the H200. B = O.shape[0]."""
     B = O.shape[0]
     if INTRA == "blocked" and FWD_GRID == "block":
         BVi = min(32, _np2(V))
