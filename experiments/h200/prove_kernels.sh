@@ -65,7 +65,9 @@ DL=${PROVE_DEADLINE_S:-480}
 # The device tool stops a command at 600 s, set-up (device_env.sh, ~20 s) and packing included, and then nothing comes
 # back: on 2026-12-03 a deadline of 545 (+30 s of grace for the last step) lost a whole call's results. Capped here.
 if [ "$DL" -gt 515 ]; then echo "PROVE_DEADLINE_S=$DL capped at 515 (the device tool's 600 s)" >&2; DL=515; fi
-STEPS=${STEPS:-"f2 f2_warps4 banded"}
+# Unset: the old default steps; set but empty (STEPS="", e.g. with XCHECKS alone): none (on 2026-12-03, fifteenth
+# session, STEPS="" ran the defaults beside the XCHECKS: ${STEPS:-...} treated empty as unset)
+STEPS=${STEPS-"f2 f2_warps4 banded"}
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 step() {  # step NAME TIMEOUT_S CMD...
