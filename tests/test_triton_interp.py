@@ -112,6 +112,14 @@ CASES.append(_c("F2A-sb-before-C32-strong-decay", delta=False, per_col=True, aft
                 V=20, strong=True, seed=14, intra="blocked", fwd_grid="block"))
 CASES.append(_c("F2-chunkgrid-fp16-C64-no-S0-rows16", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=32,
                 dtype="float16", s0=False, seed=19, intra="blocked", fwd_grid="chunk", rows_bv="16"))
+# ... _pc_bwd_rows with one program per value tile (rows_grid="tile": FALCON_TRITON_2A_ROWS_GRID=tile, opt-in, not yet
+# run on the GPU): M's parts summed in _pc_bwd_main (two parts at V = 48, three with 16-column tiles)
+CASES.append(_c("F2A-rowstile-C64-V48", delta=False, per_col=True, C=64, T=70, B=1, V=48, seed=13, intra="blocked",
+                rows_grid="tile"))
+CASES.append(_c("F2A-rowstile-rows16-before-C32-strong-decay", delta=False, per_col=True, after=False, C=32, T=45, B=1,
+                K=16, V=48, strong=True, seed=14, intra="blocked", rows_grid="tile", rows_bv="16"))
+CASES.append(_c("F2-rowstile-fp16-C64-V64", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=64,
+                dtype="float16", seed=19, intra="blocked", rows_grid="tile"))
 CASES.append(_c("F2-after", delta=True, per_col=True, seed=17))
 CASES.append(_c("F2-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=18))
 CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
@@ -183,6 +191,8 @@ VARLEN += [dict(id=f"varlen-native-F3-{dt}-C{C}-{rd}", varlen=True, variant="3",
                                             ("float16", 64, "after")])]
 VARLEN += [dict(id=f"varlen-native-F{v}-C64-chunkgrid-rows16", varlen=True, variant=v, dtype="float32", C=64,
                 seed=64 + i, fwd_grid="chunk", rows_bv="16") for i, v in enumerate(("2A", "2"))]
+VARLEN += [dict(id=f"varlen-native-F{v}-C32-rowstile", varlen=True, variant=v, dtype="float32", C=32, seed=66 + i,
+                rows_grid="tile") for i, v in enumerate(("2A", "2"))]
 # the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the
 # fused prep kernels' packed branch
 VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dtype="float32", C=16, prep="torch",
@@ -319,6 +329,8 @@ SWITCHES = [
      "FALCON_TRITON_2A_FWD_GRID must be 'block' or 'chunk', got 'blocks'"),
     (KT + "percol", "ROWS_BV", "FALCON_TRITON_2A_ROWS_BV", "32", "64",
      "FALCON_TRITON_2A_ROWS_BV must be '32' or '16', got '64'"),
+    (KT + "percol", "ROWS_GRID", "FALCON_TRITON_2A_ROWS_GRID", "block", "tiles",
+     "FALCON_TRITON_2A_ROWS_GRID must be 'block' or 'tile', got 'tiles'"),
     # the banded 3A's backward value block
     (KT + "window_linear", "WL_BWD_BV", "FALCON_TRITON_3A_BWD_BV", "32", "48",
      "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),

@@ -81,7 +81,10 @@ def run(mode, prec, ins, C):
     names = ("dq", "dx", "dv", "deta", "dg")
     out = {"o": O.double().cpu()}
     out.update({k: t.double().cpu() for k, t in zip(names, grads[:5])})
-    return out, (grab.kept.double().cpu() if grab.kept is not None else None)
+    kept = grab.kept
+    if kept is not None and kept.dim() == 5:  # [B, T, H, parts, C] since 2026-12-03: the parts sum to M
+        kept = kept.sum(-2)
+    return out, (kept.double().cpu() if kept is not None else None)
 
 
 def main():

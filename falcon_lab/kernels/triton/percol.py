@@ -57,6 +57,12 @@ FWD_GRID = env_choice("FALCON_TRITON_2A_FWD_GRID", "block", ("block", "chunk"))
 # the same process on the H200 "16" was slower at every shape (1.03-1.06x Falcon-2A's fwd+bwd; kernels_2026-12-03g),
 # so it stays opt-in and unproven (interpreter-tested only).
 ROWS_BV = env_choice("FALCON_TRITON_2A_ROWS_BV", "32", ("32", "16"))
+# _pc_bwd_rows' grid (ours): "block" (one program per sub-block, its value tiles in turn; the default, proven) or
+# "tile" (one program per sub-block and value tile, 4 warps, as _pc_bwd_cols; its parts of M side by side in an fp32
+# scratch of V / BV times M's size, summed in _pc_bwd_main). Written 2026-12-03 (fifteenth session) after the same
+# move took the forward term from 3.24 to 1.6-1.9 ms; _pc_bwd_rows is Falcon-2A's largest kernel (4.09 ms of 9.9 at
+# (16, 2048, 12, 64)). Interpreter-tested only: not yet run on the GPU.
+ROWS_GRID = env_choice("FALCON_TRITON_2A_ROWS_GRID", "block", ("block", "tile"))
 
 
 @triton.jit
@@ -375,10 +381,13 @@ def _pc_bwd_state(Q, X, G, DO, DST, DHS, DU, DS0, T, NT, H: tl.constexpr, K: tl.
 @triton.jit
 def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-                 CU, CIDX, COFF, VARLEN: tl.constexpr):
+                 CU, CIDX, COFF, VARLEN: tl.constexpr, NMP: tl.constexpr):
     """Blocked backward, by output rows (ours, the default; see _pc_fwd_intra_blk): for the 16 rows i of block a of a
     chunk, M[i, s] = Σ_c e^{ur_ic - u_sc} U_sc dO_ic (causal; all s) into MM, and DGR[i, c] = dO_ic · (the intra-chunk
-    term of o_ic). Program (chunk·NB + a, b·H + h); the value tiles loop inside (M sums over all of them)."""
+    term of o_ic). Program (chunk·NB + a, b·H + h); the value tiles loop inside (M sums over all of them). NMP > 1
+    (ROWS_GRID="tile", ours): program (chunk·NB + a, b·H + h, value tile vb) does one tile and writes its part of M
+    to slot vb of MM's NMP slots per row ([.., NMP, C]), which _pc_bwd_main sums; NMP = 1 compiles to the one-program
+    form."""
     NB: tl.constexpr = C // 16
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -395,7 +404,14 @@ def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.conste
         G += bos * H * V
         DO += bos * H * V
         DGR += bos * H * V
-        MM += bos * H * C
+        MM += bos * H * (C * NMP)
+    if NMP > 1:
+        vb0 = tl.program_id(2)
+        vb1 = vb0 + 1
+        MM += vb0 * C
+    else:
+        vb0 = 0
+        vb1 = tl.cdiv(V, BV)
     i = tl.arange(0, C)
     j = tl.arange(0, 16)
     rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
@@ -412,7 +428,7 @@ def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.conste
     Poff = tl.where(before[None, :], tl.dot(qa, tl.trans(x), input_precision=PREC), 0.)
     Mdiag = tl.zeros([16, 16], dtype=tl.float32)
     Moff = tl.zeros([16, C], dtype=tl.float32)
-    for vb in range(0, tl.cdiv(V, BV)):
+    for vb in range(vb0, vb1):
         cv = vb * BV + tl.arange(0, BV)
         vmask = cv < V
         vm = rmask[:, None] & vmask[None, :]
@@ -439,8 +455,8 @@ def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.conste
     # with a 0/1 selection matrix: Triton's combiner rewrites a sum of two broadcast operands' product into a tt.dot
     # at tf32, which rounded M to tf32 on the H200 (fp32 dq, dk 3.8e-4 off, 2026-12-02; tests/test_triton_lint.py).
     offdiag = (i < a * 16) | (i >= a * 16 + 16)
-    tl.store(MM + ta[:, None] * C + i[None, :], Moff, mask=ma[:, None] & offdiag[None, :])
-    tl.store(MM + ta[:, None] * C + (a * 16 + j)[None, :], tl.where(causal, Mdiag, 0.), mask=ma[:, None])
+    tl.store(MM + ta[:, None] * (C * NMP) + i[None, :], Moff, mask=ma[:, None] & offdiag[None, :])
+    tl.store(MM + ta[:, None] * (C * NMP) + (a * 16 + j)[None, :], tl.where(causal, Mdiag, 0.), mask=ma[:, None])
 
 
 @triton.jit
@@ -509,7 +525,7 @@ def _pc_bwd_cols(Q, X, VV, ETA, G, DO, DU, DGU, T, H: tl.constexpr, K: tl.conste
 def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, DG, T, NT,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                  BV: tl.constexpr, SB: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF,
-                 VARLEN: tl.constexpr, MM, BLOCKED: tl.constexpr):
+                 VARLEN: tl.constexpr, MM, BLOCKED: tl.constexpr, NMP: tl.constexpr):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -533,7 +549,7 @@ def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, 
         HS += coff * K * V
         DHS += coff * K * V
         if BLOCKED:
-            MM += bos * H * C
+            MM += bos * H * (C * NMP)
     i = tl.arange(0, C)
     rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
     ck = tl.arange(0, BK)
@@ -547,7 +563,9 @@ def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, 
     else:
         causal = i[:, None] > i[None, :]
     if BLOCKED:  # pass 1 ran as _pc_bwd_rows / _pc_bwd_cols: M, DGR, DGU and DU's intra part are in memory
-        M = tl.load(MM + tok[:, None] * C + i[None, :], mask=rmask[:, None], other=0.)
+        M = tl.load(MM + tok[:, None] * (C * NMP) + i[None, :], mask=rmask[:, None], other=0.)
+        for p in tl.static_range(1, NMP):  # _pc_bwd_rows' per-value-tile parts of M (ROWS_GRID="tile")
+            M += tl.load(MM + p * C + tok[:, None] * (C * NMP) + i[None, :], mask=rmask[:, None], other=0.)
     else:
         P = tl.where(causal, tl.dot(q, tl.trans(x), input_precision=PREC), 0.)
         M = tl.zeros([C, C], dtype=tl.float32)
@@ -647,17 +665,20 @@ def bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta,
     B = q.shape[0]
     blocked = INTRA == "blocked"
     MM = q
+    NMP = 1
     if blocked:
         NB = C // 16
         BVi = min(32, _np2(V))
-        MM = torch.empty(B, T, H, C, dtype=torch.float32, device=q.device)
-        _pc_bwd_rows[(NT * NB, B * H)](q, x, v, eta, g, dO, DGR, MM, T, H, K, V, C, BK, min(BVi, int(ROWS_BV)),
-                                      read_after, prec, *va,
-                                      num_warps=8, **st)
+        BVr = min(BVi, int(ROWS_BV))
+        tiled = ROWS_GRID == "tile"
+        NMP = cdiv(V, BVr) if tiled else 1  # M's parts, one per value tile, summed in _pc_bwd_main
+        MM = torch.empty(B, T, H, NMP, C, dtype=torch.float32, device=q.device)
+        _pc_bwd_rows[(NT * NB, B * H, NMP)](q, x, v, eta, g, dO, DGR, MM, T, H, K, V, C, BK, BVr, read_after, prec,
+                                           *va, NMP, num_warps=4 if NMP > 1 else 8, **st)
         _pc_bwd_cols[(cdiv(V, BVi), NT * NB, B * H)](q, x, v, eta, g, dO, DU, DGU, T, H, K, V, C, BK, BVi, read_after,
                                                     prec, *va, num_warps=4, **st)
     _pc_bwd_main[(NT, B * H)](q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K,
-                              V, C, BK, BVm, SB, read_after, prec, *va, MM, blocked, num_warps=8, **st)
+                              V, C, BK, BVm, SB, read_after, prec, *va, MM, blocked, NMP, num_warps=8, **st)
 
 
 def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_seqlens=None):
