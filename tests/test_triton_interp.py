@@ -83,6 +83,12 @@ CASES.append(_c("F3-gather-W4-C64-strong-decay-no-dST", delta=True, W=4, C=64, T
                 strong=True, no_dst=True, seed=12, fused=True))
 CASES.append(_c("F3-gather-W8-fp16-no-S0", delta=True, W=8, T=23, K=16, V=16, dtype="float16", s0=False, seed=33,
                 fused=True))
+# ... with the pair gradients summed by pair_sum.py's kernel (pair_sum="triton": FALCON_TRITON_3_PAIR_SUM=triton,
+# opt-in, not yet run on the GPU) instead of the host loop
+CASES.append(_c("F3-gather-W4-C64-pairsum", delta=True, W=4, C=64, T=40, B=2, H=2, K=32, V=16, seed=12, fused=True,
+                pair_sum="triton"))
+CASES.append(_c("F3-gather-W2-fp16-before-pairsum", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16,
+                dtype="float16", seed=10, fused=True, pair_sum="triton"))
 CASES.append(_c("F2A-after", delta=False, per_col=True, seed=13))
 CASES.append(_c("F2A-before-C32-V20", delta=False, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=14))
 CASES.append(_c("F2A-C64-strong-decay-no-S0-no-dST", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
@@ -331,6 +337,8 @@ SWITCHES = [
      "FALCON_TRITON_2A_ROWS_BV must be '32' or '16', got '64'"),
     (KT + "percol", "ROWS_GRID", "FALCON_TRITON_2A_ROWS_GRID", "block", "tiles",
      "FALCON_TRITON_2A_ROWS_GRID must be 'block' or 'tile', got 'tiles'"),
+    (KT + "pair_sum", "PAIR_SUM", "FALCON_TRITON_3_PAIR_SUM", "torch", "cuda",
+     "FALCON_TRITON_3_PAIR_SUM must be 'torch' or 'triton', got 'cuda'"),
     # the banded 3A's backward value block
     (KT + "window_linear", "WL_BWD_BV", "FALCON_TRITON_3A_BWD_BV", "32", "48",
      "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),

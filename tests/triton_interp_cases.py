@@ -160,6 +160,7 @@ if __name__ == "__main__":
 
     import falcon_lab.kernels.triton.chunk as kchunk
     import falcon_lab.kernels.triton.common as kcommon
+    import falcon_lab.kernels.triton.pair_sum as kpair
     import falcon_lab.kernels.triton.percol as kpercol
     import falcon_lab.kernels.triton.percol_delta as kpdelta
     import falcon_lab.kernels.triton.window_linear as kwl
@@ -171,6 +172,7 @@ if __name__ == "__main__":
     default_fwd_grid = kpercol.FWD_GRID
     default_rows_bv = kpercol.ROWS_BV
     default_rows_grid = kpercol.ROWS_GRID
+    default_pair_sum = kpair.PAIR_SUM
     default_state_bv = kcommon.STATE_BV
     default_wl_bwd_bv = kwl.WL_BWD_BV
     default_solve = kpdelta.SOLVE
@@ -183,6 +185,7 @@ if __name__ == "__main__":
         kpercol.FWD_GRID = c.get("fwd_grid", default_fwd_grid)  # what FALCON_TRITON_2A_FWD_GRID sets
         kpercol.ROWS_BV = c.get("rows_bv", default_rows_bv)  # what FALCON_TRITON_2A_ROWS_BV sets
         kpercol.ROWS_GRID = c.get("rows_grid", default_rows_grid)  # what FALCON_TRITON_2A_ROWS_GRID sets
+        kpair.PAIR_SUM = c.get("pair_sum", default_pair_sum)  # what FALCON_TRITON_3_PAIR_SUM sets
         kpdelta.SOLVE = c.get("solve", default_solve)  # what FALCON_TRITON_2_SOLVE sets
         kpdelta.BWD_SOLVE = c.get("bwd_solve", default_bwd_solve)  # what FALCON_TRITON_2_BWD_SOLVE sets
         kpdelta.BLK_BWD = tuple(c.get("blk_bwd", default_blk_bwd))  # what FALCON_TRITON_2_BLK_BWD sets

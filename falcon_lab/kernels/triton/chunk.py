@@ -41,6 +41,7 @@ from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _s
                      _state_put, _state_tile, _varlen_chunk, _varlen_seq, cdiv, launch, state_bv,
                      state_opts, varlen_args)
 from .host import env_choice
+from .pair_sum import pair_sum
 
 # The backward's per-chunk work (dq, dx, dv, dη, dg) runs as three kernels, _bwd_cc, _bwd_dqdx and _bwd_gate (ours,
 # the default since 2026-12-03: at most three fp32 accumulators live in each value loop, 4 warps, fla-style). Its
@@ -878,12 +879,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
         W = group
         dq = dq.view(B, Ts, W, H, K).sum(2)
         deta = deta.view(B, Ts, W, H).sum(2)
-        # pseudo-token (t, m) read pair t + W - 1 - m: each pair's W rows summed in fp32
-        dxe, dve = dx.view(B, Ts, W, H, K), dv.view(B, Ts, W, H, V)
-        dx = torch.zeros(x.shape, dtype=f32, device=dev)
-        dv = torch.zeros(v.shape, dtype=f32, device=dev)
-        for m in range(W):
-            dx[:, W - 1 - m:W - 1 - m + Ts] += dxe[:, :, m]
-            dv[:, W - 1 - m:W - 1 - m + Ts] += dve[:, :, m]
-        dx, dv = dx.to(x.dtype), dv.to(v.dtype)
+        # pseudo-token (t, m) read pair t + W - 1 - m: each pair's W rows summed in fp32 (pair_sum.py)
+        dx = pair_sum(dx.view(B, Ts, W, H, K), x.shape[1], x.dtype)
+        dv = pair_sum(dv.view(B, Ts, W, H, V), v.shape[1], v.dtype)
     return dq, dx, dv, deta, dg, DS0
