@@ -89,6 +89,14 @@ CASES.append(_c("F3-gather-W4-C64-pairsum", delta=True, W=4, C=64, T=40, B=2, H=
                 pair_sum="triton"))
 CASES.append(_c("F3-gather-W2-fp16-before-pairsum", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16,
                 dtype="float16", seed=10, fused=True, pair_sum="triton"))
+# ... and with dq summed per step inside _bwd_dqdx (dq_sum="kernel": FALCON_TRITON_3_DQ_SUM=kernel, opt-in, not yet run
+# on the GPU): W = 4 at C = 64 with two key tiles (K = 96), W = 8, W = 2 reading before the write
+CASES.append(_c("F3-gather-W4-C64-K96-dqsum", delta=True, W=4, C=64, T=40, B=2, H=2, K=96, V=16, seed=12, fused=True,
+                dq_sum="kernel", pair_sum="triton"))
+CASES.append(_c("F3-gather-W8-fp16-dqsum", delta=True, W=8, T=23, K=16, V=16, dtype="float16", seed=33, fused=True,
+                dq_sum="kernel"))
+CASES.append(_c("F3-gather-W2-before-C32-strong-decay-dqsum", delta=True, W=2, after=False, C=32, T=45, B=1, K=16,
+                V=16, strong=True, seed=10, fused=True, dq_sum="kernel"))
 CASES.append(_c("F2A-after", delta=False, per_col=True, seed=13))
 CASES.append(_c("F2A-before-C32-V20", delta=False, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=14))
 CASES.append(_c("F2A-C64-strong-decay-no-S0-no-dST", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
@@ -337,6 +345,8 @@ SWITCHES = [
      "FALCON_TRITON_2A_ROWS_BV must be '32' or '16', got '64'"),
     (KT + "percol", "ROWS_GRID", "FALCON_TRITON_2A_ROWS_GRID", "block", "tiles",
      "FALCON_TRITON_2A_ROWS_GRID must be 'block' or 'tile', got 'tiles'"),
+    (KT + "chunk", "DQ_SUM", "FALCON_TRITON_3_DQ_SUM", "host", "gpu",
+     "FALCON_TRITON_3_DQ_SUM must be 'host' or 'kernel', got 'gpu'"),
     (KT + "pair_sum", "PAIR_SUM", "FALCON_TRITON_3_PAIR_SUM", "torch", "cuda",
      "FALCON_TRITON_3_PAIR_SUM must be 'torch' or 'triton', got 'cuda'"),
     # the banded 3A's backward value block

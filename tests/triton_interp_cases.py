@@ -168,6 +168,7 @@ if __name__ == "__main__":
     cases = json.loads(sys.argv[1])
     default_3a = kt._FALCON_3A
     default_a_dtype = kchunk.A_DTYPE
+    default_dq_sum = kchunk.DQ_SUM
     default_intra = kpercol.INTRA
     default_fwd_grid = kpercol.FWD_GRID
     default_rows_bv = kpercol.ROWS_BV
@@ -191,6 +192,7 @@ if __name__ == "__main__":
         kpdelta.BLK_BWD = tuple(c.get("blk_bwd", default_blk_bwd))  # what FALCON_TRITON_2_BLK_BWD sets
         kcommon.STATE_BV = c.get("state_bv", default_state_bv)  # what FALCON_TRITON_STATE_BV sets
         kchunk.A_DTYPE = c.get("a_dtype", default_a_dtype)  # what FALCON_TRITON_A_DTYPE sets
+        kchunk.DQ_SUM = c.get("dq_sum", default_dq_sum)  # what FALCON_TRITON_3_DQ_SUM sets
         kwl.WL_BWD_BV = c.get("wl_bwd_bv", default_wl_bwd_bv)  # what FALCON_TRITON_3A_BWD_BV sets
         try:
             if c.get("recompute"):

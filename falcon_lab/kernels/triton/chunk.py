@@ -60,6 +60,12 @@ from .pair_sum import pair_sum
 # --variants 3` (every row it implements; 2026-12-03, fifteenth session, 5ceb36d, kernels_2026-12-03g), the default
 # for it since then too (until then "auto" kept it in fp32).
 A_DTYPE = env_choice("FALCON_TRITON_A_DTYPE", "input", ("input", "fp32"))
+# Falcon-3 in place: dq per step (ours): "host" (the default, proven: _bwd_dqdx writes one row per pseudo-token, W-fold,
+# and the launcher sums each step's W rows) or "kernel" (_bwd_dqdx sums them in fp32 before its store: dq [B, T, H, K]
+# instead of [B, T·W, H, K], 151 MB less at (16, 2048, 12, 64) W = 4, but the peak only -24 MB by op_memory.py
+# (2698.6 -> 2674.6 MB: the W-fold buffer mostly took DU's freed bytes); no host sum kernel; one rounding instead of
+# two). Interpreter-tested; not yet run on the GPU.
+DQ_SUM = env_choice("FALCON_TRITON_3_DQ_SUM", "host", ("host", "kernel"))
 
 
 def a_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -650,9 +656,11 @@ def _bwd_cc(Q, X, VV, R, ETA, G, A, DO, DU, DV, DETA, MM, GM, VEC, T, XT, XOFF,
 def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT, XOFF, NT,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-              GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+              GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr,
+              DQSUM: tl.constexpr):
     """Key tile kt (BK columns) of a chunk: dq, dx from the value loop's dO Sᵀ, U dHᵀ, dY Sᵀ and _bwd_cc's M, Gm;
-    the gate row sums of the tile to PART [B, T, H, NKt, 4] (q·dO Sᵀ, x·U dHᵀ, x·dY Sᵀ, Σ dH ⊙ S on the first row)."""
+    the gate row sums of the tile to PART [B, T, H, NKt, 4] (q·dO Sᵀ, x·U dHᵀ, x·dY Sᵀ, Σ dH ⊙ S on the first row).
+    GATHER and DQSUM (DQ_SUM="kernel"): dq per step, its W pseudo-tokens' rows summed here in fp32, DQ [B, T/W, H, K]."""
     kt = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
@@ -733,7 +741,15 @@ def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT,
         dxT += tl.dot(tl.trans(x), Gm, input_precision=PREC)
         dx -= dxy * tl.exp(ub)[:, None]
     dx += tl.trans(dxT)
-    tl.store(DQ + tok[:, None] * K + ck[None, :], dq.to(DQ.dtype.element_ty), mask=km)
+    if GATHER and DQSUM:  # chunk n's C / W steps: rows t·W .. t·W + W - 1 are step t's pseudo-tokens
+        NSC: tl.constexpr = C // GROUP
+        st = n * NSC + tl.arange(0, NSC)
+        srow = (b * (T // GROUP) + st).to(tl.int64) * H + h
+        dqs = tl.sum(tl.reshape(dq, [NSC, GROUP, BK]), 1)
+        tl.store(DQ + srow[:, None] * K + ck[None, :], dqs.to(DQ.dtype.element_ty),
+                 mask=(st < T // GROUP)[:, None] & kmask[None, :])
+    else:
+        tl.store(DQ + tok[:, None] * K + ck[None, :], dq.to(DQ.dtype.element_ty), mask=km)
     tl.store(DX + dxtok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
 
 
@@ -864,12 +880,13 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     _bwd_cc[(NT, B * H)](q, x, v, R, eta, g, A, dO, DU, dv, deta, MM, GM, VEC, T, XT, xoff, H, K, V, C, BK, BVt,
                          delta, read_after, prec, group, gather, *va, num_warps=wt, **st)
     DU = None  # its last reader is queued
-    dq = _empty((B, T, H, K) if gather else q.shape, q.dtype, dev)
+    dqsum = gather and DQ_SUM == "kernel"  # dq per step from _bwd_dqdx, not per pseudo-token
+    dq = _empty((B, T, H, K) if gather and not dqsum else q.shape, q.dtype, dev)
     dx = grad((B, T, H, K) if gather else x.shape, x.dtype)
     PART = _empty((B, T, H, cdiv(K, BKt), 4), f32, dev)  # the key tiles' row sums
     _bwd_dqdx[(cdiv(K, BKt), NT, B * H)](q, x, v, R, eta, g, HS, DHS, dO, dv, MM, GM, dq, dx, PART, T, XT, xoff,
                                          NT, H, K, V, C, BKt, BVt, delta, read_after, prec, group, gather, *va,
-                                         num_warps=wt, **st)
+                                         dqsum, num_warps=wt, **st)
     DHS = MM = GM = None
     dg = _empty(g.shape, g.dtype, dev)
     _bwd_gate[(NT, B * H)](g, VEC, PART, dg, T, XT, xoff, H, K, C, BKt, delta, read_after, group, gather, *va,
@@ -877,7 +894,8 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     VEC = PART = None
     if gather:
         W = group
-        dq = dq.view(B, Ts, W, H, K).sum(2)
+        if not dqsum:
+            dq = dq.view(B, Ts, W, H, K).sum(2)
         deta = deta.view(B, Ts, W, H).sum(2)
         # pseudo-token (t, m) read pair t + W - 1 - m: each pair's W rows summed in fp32 (pair_sum.py)
         dx = pair_sum(dx.view(B, Ts, W, H, K), x.shape[1], x.dtype)
