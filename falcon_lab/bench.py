@@ -2,12 +2,34 @@
 benchmark (falcon_lab/benchmarking/kernels.py; needs a CUDA GPU). `python -m falcon_lab.bench check`
 runs the GPU correctness check (falcon_lab/benchmarking/gpu_check.py). `python -m falcon_lab.bench model
 [--size tiny|small] [--mixers a,b] [--device cpu|cuda] [--quick] [--cuda-graphs] [--mlflow]`: whole-model
-training throughput, MFU, memory, prefill and decode latency (falcon_lab/benchmarking/model.py; runs on CPU too)."""
+training throughput, MFU, memory, prefill and decode latency (falcon_lab/benchmarking/model.py; runs on CPU too).
+`python -m falcon_lab.bench switches`: every FALCON_TRITON_* kernel switch, its value now, default, choices and what it
+decides (no GPU needed)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+
+def switches_table() -> str:
+    """The kernel switches as read at import (falcon_lab.kernels.triton.host.SWITCHES), one markdown row each; a value
+    that differs from its default is in bold."""
+    import importlib
+    import pkgutil
+
+    import falcon_lab.kernels.triton as kt
+    from falcon_lab.kernels.triton.host import SWITCHES
+
+    for m in pkgutil.iter_modules(kt.__path__):  # every module's switches, not only those the package imports
+        importlib.import_module(f"{kt.__name__}.{m.name}")
+    rows = ["| variable | value | default | choices | what it decides |", "|---|---|---|---|---|"]
+    for name in sorted(SWITCHES):
+        sw = SWITCHES[name]
+        value = repr(sw["value"]) if sw["value"] == sw["default"] else f"**{sw['value']!r}**"
+        choices = ", ".join(repr(c) for c in sw["choices"]) if sw["choices"] else "(see what)"
+        rows.append(f"| `{name}` | {value} | {sw['default']!r} | {choices} | {sw['what']} |")
+    return "\n".join(rows)
 
 
 def main(argv=None):
@@ -32,10 +54,14 @@ def main(argv=None):
     c.add_argument("--variants", default=None, help="comma-separated subset, e.g. 3,2A")
     c.add_argument("--rows", default=None, help="only these rows, by their number in the full list, e.g. 2-10,14")
     c.add_argument("--kinds", default=None, help="only rows of these kinds, e.g. core,varlen-native")
+    sub.add_parser("switches", help="list the FALCON_TRITON_* kernel switches: value now, default, choices, what")
     from falcon_lab.benchmarking.model import add_parser as add_model_parser
 
     add_model_parser(sub)
     a = ap.parse_args(argv)
+    if a.cmd == "switches":
+        print(switches_table())
+        return
     from falcon_lab import logs
 
     logs.setup()

@@ -345,6 +345,8 @@ SWITCHES = [
      "FALCON_TRITON_2A_ROWS_BV must be '32' or '16', got '64'"),
     (KT + "percol", "ROWS_GRID", "FALCON_TRITON_2A_ROWS_GRID", "block", "tiles",
      "FALCON_TRITON_2A_ROWS_GRID must be 'block' or 'tile', got 'tiles'"),
+    (KT + "common", "FP32_DOT", "FALCON_TRITON_FP32_DOT", "tf32x3", "fp64",
+     "FALCON_TRITON_FP32_DOT must be 'tf32x3', 'ieee' or 'tf32', got 'fp64'"),
     (KT + "chunk", "DQ_SUM", "FALCON_TRITON_3_DQ_SUM", "host", "gpu",
      "FALCON_TRITON_3_DQ_SUM must be 'host' or 'kernel', got 'gpu'"),
     (KT + "pair_sum", "PAIR_SUM", "FALCON_TRITON_3_PAIR_SUM", "torch", "cuda",

@@ -60,7 +60,7 @@ import torch
 from ..spec import FalconSpec
 from .decode import decode_step
 from .eig import window_ok as eig_window_ok
-from .host import env_choice
+from .host import UNPROVEN, env_choice, env_value
 from .ops import chunk_core, plain_eager
 from .prep import fused_prepare
 from .window_linear import BW as WINDOW_LINEAR_MAX_W, chunk_for as window_chunk_for
@@ -82,15 +82,17 @@ def _read_interpret() -> bool:
 # Read once at import (Triton itself reads TRITON_INTERPRET when it is imported): plain module constants
 # keep the dispatch below traceable by torch.compile (Dynamo cannot call Triton's C getenv).
 _INTERPRET = _read_interpret()
-_UNPROVEN = os.environ.get("FALCON_TRITON_UNPROVEN", "0") == "1"
-_TF32 = os.environ.get("FALCON_TRITON_TF32", "0") == "1"
+_UNPROVEN = UNPROVEN  # FALCON_TRITON_UNPROVEN (host.py)
+_TF32 = env_value("FALCON_TRITON_TF32", "0", "1: fp32 inputs' dots at tf32 (allow_tf32) instead of full precision",
+                  ("0", "1")) == "1"
 # Falcon-3A: "banded" (window_linear.py, one scan with the window as a banded intra-chunk mask; the default since
 # 2026-12-03: its whole `bench check --variants 3A` sweep, 29/29 rows without a failure on the H200 at c2485d2,
 # benchmarks/results/h200_logs/kernels_2026-12-03b/call3_c2485d2/check_banded3a_sweep/ (README.md in
 # kernels_2026-12-03b/), at 0.56-0.68x the W scans' fwd+bwd time in the same run's benchmarks/results/kernels_h200.json)
 # or "scans" (W Falcon-1A scans, proven on the H200; the opt-out). Packed calls (cu_seqlens) and windows above the
 # banded kernel's 16 run the scans either way. Ours; `core(fused_window=)` overrides it per call.
-_FALCON_3A = env_choice("FALCON_TRITON_3A", "banded", ("scans", "banded"))
+_FALCON_3A = env_choice("FALCON_TRITON_3A", "banded", ("scans", "banded"),
+                        "Falcon-3A: one banded scan or W Falcon-1A scans (both proven)")
 # Falcon-3: "gather" (the chunk kernels read the T·W pseudo-tokens in place from q, η, log γ and the pair stream: no
 # expanded copies of the inputs, outputs or their gradients; the default for unpacked calls since 2026-12-03,
 # fourteenth session: every row of `bench check --variants 3` it implements passed on the H200 with the split
@@ -99,13 +101,16 @@ _FALCON_3A = env_choice("FALCON_TRITON_3A", "banded", ("scans", "banded"))
 # peak 3481 vs 4026 MB at (16, 2048, 12, 64): benchmarks/results/h200_logs/kernels_2026-12-03f/) or "expand" (the
 # pseudo-tokens materialised on the host, proven on the H200; what packed calls run). Ours; `core(fused_window=)`
 # overrides it per call.
-_FALCON_3 = env_choice("FALCON_TRITON_3", "gather", ("expand", "gather"))
+_FALCON_3 = env_choice("FALCON_TRITON_3", "gather", ("expand", "gather"),
+                       "Falcon-3 (unpacked calls): pseudo-tokens read in place or expanded on the host (both proven)")
 # The op's prep for window 1 with the Triton backend: "fused" (prep.py here, one kernel each way, plain eager calls)
 # or "torch" (falcon_lab/kernels/prep.py, always used under torch.compile and for windows > 1). Ours.
-_PREP = env_choice("FALCON_TRITON_PREP", "fused", ("fused", "torch"))
+_PREP = env_choice("FALCON_TRITON_PREP", "fused", ("fused", "torch"),
+                   "the op's prep (features, gates, NLMS step): fused Triton kernels or PyTorch")
 # Packed sequences (cu_seqlens): "native" (the chunk kernels read the packed batch: Falcon-1, -1A, -2, -2A, 3A scans)
 # or "pad" (gathered into right-padded rows [N, T_max] first, every variant). Ours.
-_VARLEN = env_choice("FALCON_TRITON_VARLEN", "native", ("native", "pad"))
+_VARLEN = env_choice("FALCON_TRITON_VARLEN", "native", ("native", "pad"),
+                     "packed sequences (cu_seqlens): read by the kernels or padded to [N, T_max] first")
 
 
 def interpreter_active() -> bool:

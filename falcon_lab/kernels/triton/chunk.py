@@ -59,13 +59,15 @@ from .pair_sum import pair_sum
 # (Falcon-3's expansion) at the benchmark's four shapes; Falcon-3 in place (gather=True) rows 1-25 of `bench check
 # --variants 3` (every row it implements; 2026-12-03, fifteenth session, 5ceb36d, kernels_2026-12-03g), the default
 # for it since then too (until then "auto" kept it in fp32).
-A_DTYPE = env_choice("FALCON_TRITON_A_DTYPE", "input", ("input", "fp32"))
+A_DTYPE = env_choice("FALCON_TRITON_A_DTYPE", "input", ("input", "fp32"),
+                     "Falcon-1/-3: the triangular inverse A stored in the inputs' dtype or fp32 (both proven)")
 # Falcon-3 in place: dq per step (ours): "host" (the default, proven: _bwd_dqdx writes one row per pseudo-token, W-fold,
 # and the launcher sums each step's W rows) or "kernel" (_bwd_dqdx sums them in fp32 before its store: dq [B, T, H, K]
 # instead of [B, T·W, H, K], 151 MB less at (16, 2048, 12, 64) W = 4, but the peak only -24 MB by op_memory.py
 # (2698.6 -> 2674.6 MB: the W-fold buffer mostly took DU's freed bytes); no host sum kernel; one rounding instead of
 # two). Interpreter-tested; not yet run on the GPU.
-DQ_SUM = env_choice("FALCON_TRITON_3_DQ_SUM", "host", ("host", "kernel"))
+DQ_SUM = env_choice("FALCON_TRITON_3_DQ_SUM", "host", ("host", "kernel"),
+                    "Falcon-3 in place: dq summed per step on the host or in _bwd_dqdx (kernel: opt-in, unproven)")
 
 
 def a_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -18,18 +18,19 @@ Layouts (docs/kernel-contract.md): token rows (b*T + t)*H + h times K or V; stat
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from .host import cdiv, next_pow2  # noqa: F401  (re-exported for the launchers)
+from .host import cdiv, env_choice, env_value, next_pow2  # noqa: F401  (cdiv, next_pow2 re-exported)
 
 # Debug aid for the GPU checks: allocate outputs filled with NaN so unwritten elements show.
-POISON = os.environ.get("FALCON_TRITON_POISON", "0") == "1"
-FP32_DOT = os.environ.get("FALCON_TRITON_FP32_DOT", "tf32x3")  # read once (see _prec)
+POISON = env_value("FALCON_TRITON_POISON", "0", "1: outputs allocated NaN-filled (GPU checks: unwritten elements show)",
+                   ("0", "1")) == "1"
+FP32_DOT = env_choice("FALCON_TRITON_FP32_DOT", "tf32x3", ("tf32x3", "ieee", "tf32"),
+                      "fp32 inputs' dot precision (see _prec; K or V <= 16 and the interpreter use 'ieee')")
 
 
 def _empty(shape, dtype, device):
@@ -60,7 +61,8 @@ def _cfg(K: int, V: int):
 # order, bf16 fwd+bwd): Falcon-1 3.65 -> 3.12 ms at (1, 32768, 6, 128), 2.23 -> 2.13 ms at (4, 8192, 12, 64), the
 # B = 16 shapes unchanged; Falcon-1A 2.75 -> 2.39 ms and Falcon-3A 13.7 -> 12.4 ms at T = 32768; all 34 rows of
 # `bench check --quick --variants 1,1A,3A,3` passed with it (benchmarks/results/h200_logs/kernels_2026-12-03/).
-STATE_BV = os.environ.get("FALCON_TRITON_STATE_BV", "auto")
+STATE_BV = env_value("FALCON_TRITON_STATE_BV", "auto",
+                     "the state passes' value tile: auto, off or 16-128 (auto proven)")
 STATE_PROGRAMS = 264
 
 
@@ -86,10 +88,13 @@ def state_bv(bv: int, V: int, n_seq_heads: int, dtype: torch.dtype) -> int:
 # for fla's fwd_h / dhu at (1, 32768, 6, 128) (2026-12-03), and fla autotunes its fwd_h over 2 and 4 warps and 2-4
 # stages (its table for that shape in .tcache: 0.58 ms with 3 stages, 0.515 with 4; dhu 0.96 with 2, 0.67 with 3).
 # Measured on 2026-12-03 (c84b0ad): 4 stages out of shared memory at K = 128, no faster elsewhere; warps not yet.
-STATE_STAGES = os.environ.get("FALCON_TRITON_STATE_STAGES", "")
+STATE_STAGES = env_value("FALCON_TRITON_STATE_STAGES", "",
+                         "the state passes' pipeline stages, 16-bit inputs: '' (Triton's) or 1-4",
+                         ("", "1", "2", "3", "4"))
 if STATE_STAGES not in ("", "1", "2", "3", "4"):
     raise ValueError(f"FALCON_TRITON_STATE_STAGES must be empty or 1-4, got {STATE_STAGES!r}")
-STATE_WARPS = os.environ.get("FALCON_TRITON_STATE_WARPS", "")
+STATE_WARPS = env_value("FALCON_TRITON_STATE_WARPS", "", "the state passes' warps: '' (Triton's 4) or 1, 2, 4, 8",
+                        ("", "1", "2", "4", "8"))
 if STATE_WARPS not in ("", "1", "2", "4", "8"):
     raise ValueError(f"FALCON_TRITON_STATE_WARPS must be empty, 1, 2, 4 or 8, got {STATE_WARPS!r}")
 

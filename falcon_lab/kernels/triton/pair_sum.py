@@ -23,7 +23,8 @@ import triton.language as tl
 
 from .host import cdiv, env_choice, next_pow2
 
-PAIR_SUM = env_choice("FALCON_TRITON_3_PAIR_SUM", "torch", ("torch", "triton"))
+PAIR_SUM = env_choice("FALCON_TRITON_3_PAIR_SUM", "torch", ("torch", "triton"),
+                      "Falcon-3 in place: the pair gradients summed on the host or in one kernel (triton: unproven)")
 
 
 @triton.jit

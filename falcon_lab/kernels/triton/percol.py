@@ -41,7 +41,8 @@ from .host import env_choice
 SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per program)
 # The intra-chunk term: "blocked" (16-row sub-blocks, the off-diagonal blocks as tensor-core dots: ours, the default)
 # or "exact" (the [C, C, SB] broadcast). Both proven on the H200. Falcon-2 shares it.
-INTRA = env_choice("FALCON_TRITON_2A", "blocked", ("exact", "blocked"))
+INTRA = env_choice("FALCON_TRITON_2A", "blocked", ("exact", "blocked"),
+                   "Falcon-2A/-2: the intra-chunk term by 16-row sub-blocks or the [C, C, 4] broadcast (both proven)")
 # The blocked forward term's grid (ours): "block" (_pc_fwd_intra_sb: one program per sub-block, as _pc_bwd_cols; the
 # default since 2026-12-03, fifteenth session) or "chunk" (_pc_fwd_intra_blk: one program per chunk and value tile,
 # its sub-blocks in turn; the default before). Why: the H200 profile of Falcon-2A at (16, 2048, 12, 64) put
@@ -51,18 +52,21 @@ INTRA = env_choice("FALCON_TRITON_2A", "blocked", ("exact", "blocked"))
 # decode); in one process (switch_ab.py, GPU time) Falcon-2A's fwd+bwd took 0.848 / 0.856 / 0.854 / 0.828x the
 # "chunk" grid's at (16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128) (9.97 -> 8.46 ms at
 # the first) and Falcon-2's 0.956 / 0.980 / 0.971 / 0.944x; the kernel itself 3.24 -> 1.60-1.87 ms.
-FWD_GRID = env_choice("FALCON_TRITON_2A_FWD_GRID", "block", ("block", "chunk"))
+FWD_GRID = env_choice("FALCON_TRITON_2A_FWD_GRID", "block", ("block", "chunk"),
+                      "Falcon-2A/-2: the blocked forward term, one program per sub-block or per chunk (both proven)")
 # _pc_bwd_rows' value tile (ours): "32" (the default, proven) or "16" (half the [16, 16, BV] broadcast per step of its
 # value loop; written after the same profile put _pc_bwd_rows at 4.09 ms of Falcon-2A's 9.9, the largest kernel). In
 # the same process on the H200 "16" was slower at every shape (1.03-1.06x Falcon-2A's fwd+bwd; kernels_2026-12-03g),
 # so it stays opt-in and unproven (interpreter-tested only).
-ROWS_BV = env_choice("FALCON_TRITON_2A_ROWS_BV", "32", ("32", "16"))
+ROWS_BV = env_choice("FALCON_TRITON_2A_ROWS_BV", "32", ("32", "16"),
+                     "Falcon-2A/-2: _pc_bwd_rows' value tile (16: opt-in, unproven, slower)")
 # _pc_bwd_rows' grid (ours): "block" (one program per sub-block, its value tiles in turn; the default, proven) or
 # "tile" (one program per sub-block and value tile, 4 warps, as _pc_bwd_cols; its parts of M side by side in an fp32
 # scratch of V / BV times M's size, summed in _pc_bwd_main). Written 2026-12-03 (fifteenth session) after the same
 # move took the forward term from 3.24 to 1.6-1.9 ms; _pc_bwd_rows is Falcon-2A's largest kernel (4.09 ms of 9.9 at
 # (16, 2048, 12, 64)). Interpreter-tested only: not yet run on the GPU.
-ROWS_GRID = env_choice("FALCON_TRITON_2A_ROWS_GRID", "block", ("block", "tile"))
+ROWS_GRID = env_choice("FALCON_TRITON_2A_ROWS_GRID", "block", ("block", "tile"),
+                       "Falcon-2A/-2: _pc_bwd_rows per sub-block or per sub-block and value tile (tile: unproven)")
 
 
 @triton.jit

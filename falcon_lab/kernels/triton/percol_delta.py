@@ -31,15 +31,13 @@ gradients run by sub-blocks (SOLVE = "fwd", BWD_SOLVE = "blocked" below: the who
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from .common import (_chunk_rows, _empty, _prec, _state_init, _state_put, _state_tile, _varlen_chunk, _varlen_seq,
                      cdiv, launch, varlen_args)
-from .host import env_choice
+from .host import SWITCHES, UNPROVEN, env_choice, env_value
 from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 
 # The per-column solves inside the two sequential state passes (ours): "fwd" (the default since 2026-12-03: the forward
@@ -61,9 +59,12 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # operands in the transposed solve only, ",f32"; memcheck clean each time), and at 8 warps fp32 read shared or local
 # memory out of range (K = 64, tile 64; K = 128, tile 16; in _bwd_solve_blocked's loop over sub-blocks, last first)
 # (kernels_2026-12-03c/-d/-e). FALCON_TRITON_2_BLK_BWD="warps,bv[,f32|,x32][,s1]" sets that launch (ours).
-SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "fwd", ("rows", "fwd", "blocked"))
+SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "fwd", ("rows", "fwd", "blocked"),
+                   "Falcon-2: the state passes' per-column solves by rows or 16-row sub-blocks (proven: fwd, rows)")
 try:
-    _blk = os.environ.get("FALCON_TRITON_2_BLK_BWD", "4,0,x32").split(",")
+    _blk = env_value("FALCON_TRITON_2_BLK_BWD", "4,0,x32",
+                     "Falcon-2: the reverse pass by sub-blocks' launch, 'warps,bv[,f32|,x32][,s1]' (proven: 4,0,x32)"
+                     ).split(",")
     assert len(_blk) >= 2 and set(_blk[2:]) <= {"f32", "x32", "s1"} and len(set(_blk[2:])) == len(_blk) - 2
     assert not {"f32", "x32"} <= set(_blk[2:])
     # (warps, value tile or 0, fp32 dot operands: 0 none, 1 the solve's ("f32"), 2 every dot ("x32"), one stage)
@@ -72,7 +73,7 @@ try:
 except (ValueError, AssertionError):
     raise ValueError("FALCON_TRITON_2_BLK_BWD must be 'warps,bv' with optional ',f32' or ',x32' and ',s1' (warps 1-16, "
                      "a power of two; bv 0 = the pass's value tile, or 16-128), got "
-                     f"{os.environ.get('FALCON_TRITON_2_BLK_BWD')!r}") from None
+                     f"{SWITCHES['FALCON_TRITON_2_BLK_BWD']['value']!r}") from None
 
 
 PROVEN_BLK_BWD = (4, 0, 2, False)  # "4,0,x32": the launch whose whole check sweep passed on the H200
@@ -81,7 +82,8 @@ PROVEN_BLK_BWD = (4, 0, 2, False)  # "4,0,x32": the launch whose whole check swe
 # The solve's own gradients (pass 1 of _pcd_bwd_solve): "blocked" (_pcd_bwd_solve_blk, 16-row sub-blocks with
 # tensor-core dots off the diagonal, ours; the default since 2026-12-03, proven with SOLVE="fwd" in the sweep above) or
 # "exact" (the [C, C, 4] broadcast, proven 2026-12-02, the default before).
-BWD_SOLVE = env_choice("FALCON_TRITON_2_BWD_SOLVE", "blocked", ("exact", "blocked"))
+BWD_SOLVE = env_choice("FALCON_TRITON_2_BWD_SOLVE", "blocked", ("exact", "blocked"),
+                       "Falcon-2: the solve's own gradients by 16-row sub-blocks or a [C, C, 4] broadcast (proven)")
 
 
 @triton.jit
@@ -717,7 +719,7 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     # mix of the builds that pass (experiments/h200/pcd_offline_compile.py). Masked columns cost nothing in bounds.
     BVb = max(BVs, 32) if q.dtype == torch.float32 else BVs
     if SOLVE == "blocked" and C > 16:
-        if dev.type == "cuda" and BLK_BWD != PROVEN_BLK_BWD and os.environ.get("FALCON_TRITON_UNPROVEN", "0") != "1":
+        if dev.type == "cuda" and BLK_BWD != PROVEN_BLK_BWD and not UNPROVEN:
             raise RuntimeError("FALCON_TRITON_2_SOLVE=blocked with FALCON_TRITON_2_BLK_BWD other than '4,0,x32': "
                                "this launch of the reverse state pass by sub-blocks is not proven on the H200 (16-bit "
                                "dots failed there); it runs on CUDA only with FALCON_TRITON_UNPROVEN=1")

@@ -69,7 +69,8 @@ BW = 16  # the carried-pairs tile (W - 1 <= 15 rows used)
 # (FALCON_TRITON_3A_BWD=dots / split, the switch gone with them): the in-loop dots above, and a split into
 # _wl_bwd_main storing dA = dP ⊙ M plus a per-key-tile dq/dx kernel (fewer spills offline; on the H200 at c84b0ad
 # 25/25 rows passed but fwd+bwd was 3-4 % slower and peak 36-120 MB higher: kernels_2026-12-03e).
-WL_BWD_BV = env_choice("FALCON_TRITON_3A_BWD_BV", "32", ("16", "32", "64", "128"))
+WL_BWD_BV = env_choice("FALCON_TRITON_3A_BWD_BV", "32", ("16", "32", "64", "128"),
+                       "Falcon-3A banded: the backward's value tile (32 proven)")
 
 
 @triton.jit
