@@ -648,12 +648,11 @@ def fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, v
     sub-block (_pc_fwd_intra_sb; the default, ours) or per chunk (_pc_fwd_intra_blk, FWD_GRID="chunk"), or, with
     FALCON_TRITON_2A=exact, the [C, C, 4]-column broadcast. All three proven on the H200. B = O.shape[0]."""
     B = O.shape[0]
+    BVi = min(32, _np2(V))  # the blocked term's value tile
     if INTRA == "blocked" and FWD_GRID == "block":
-        BVi = min(32, _np2(V))
         _pc_fwd_intra_sb[(cdiv(V, BVi), NT * (C // 16), B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, BVi,
                                                                 read_after, prec, *va, num_warps=4, **st)
     elif INTRA == "blocked":
-        BVi = min(32, _np2(V))
         _pc_fwd_intra_blk[(cdiv(V, BVi), NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, BVi, read_after,
                                                      prec, *va, num_warps=8, **st)
     else:
