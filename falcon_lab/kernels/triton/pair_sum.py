@@ -11,8 +11,9 @@ the host as W strided `+=` into an fp32 buffer per tensor, then a cast: on the H
 Falcon-3's fwd+bwd (8.2 ms) ran 13 `aten::add_` per call, 1.13 ms (those 8 and the autograd engine's gradient
 accumulations; benchmarks/results/h200_logs/kernels_2026-12-03g/call4/profile1/). Here it is one read of dxe and one
 write of dx, the same additions in the same order (so the same result; Triton's CPU interpreter rounds bf16 casts
-toward zero, so there one bf16 step off), and no fp32 buffer. FALCON_TRITON_3_PAIR_SUM=triton selects it (opt-in:
-interpreter-tested, not yet run on the GPU); =torch, the default, keeps the host loop.
+toward zero, so there one bf16 step off), and no fp32 buffer. FALCON_TRITON_3_PAIR_SUM=triton selects it (the
+default since 2026-12-03, seventeenth session: Falcon-3's 25 check rows passed with it on the H200,
+benchmarks/results/h200_logs/kernels_2026-12-03h/call1/); =torch keeps the host loop.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import triton.language as tl
 
 from .host import cdiv, env_choice, next_pow2
 
-PAIR_SUM = env_choice("FALCON_TRITON_3_PAIR_SUM", "torch", ("torch", "triton"),
-                      "Falcon-3 in place: the pair gradients summed on the host or in one kernel (triton: unproven)")
+PAIR_SUM = env_choice("FALCON_TRITON_3_PAIR_SUM", "triton", ("triton", "torch"),
+                      "Falcon-3 in place: the pair gradients summed in one kernel or on the host")
 
 
 @triton.jit
