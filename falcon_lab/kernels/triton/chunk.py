@@ -61,13 +61,13 @@ from .pair_sum import pair_sum
 # for it since then too (until then "auto" kept it in fp32).
 A_DTYPE = env_choice("FALCON_TRITON_A_DTYPE", "input", ("input", "fp32"),
                      "Falcon-1/-3: the triangular inverse A stored in the inputs' dtype or fp32 (both proven)")
-# Falcon-3 in place: dq per step (ours): "host" (the default, proven: _bwd_dqdx writes one row per pseudo-token, W-fold,
-# and the launcher sums each step's W rows) or "kernel" (_bwd_dqdx sums them in fp32 before its store: dq [B, T, H, K]
-# instead of [B, T·W, H, K], 151 MB less at (16, 2048, 12, 64) W = 4, but the peak only -24 MB by op_memory.py
-# (2698.6 -> 2674.6 MB: the W-fold buffer mostly took DU's freed bytes); no host sum kernel; one rounding instead of
-# two). Interpreter-tested; not yet run on the GPU.
-DQ_SUM = env_choice("FALCON_TRITON_3_DQ_SUM", "host", ("host", "kernel"),
-                    "Falcon-3 in place: dq summed per step on the host or in _bwd_dqdx (kernel: opt-in, unproven)")
+# Falcon-3 in place: dq per step (ours): "kernel" (_bwd_dqdx sums each step's W pseudo-token rows in fp32 before its
+# store: dq [B, T, H, K] instead of [B, T·W, H, K], no host sum kernel, one rounding instead of two; the default since
+# 2026-12-03, seventeenth session: Falcon-3's 25 check rows pass with it on the H200, 0.986-0.993x the time and -24 MB
+# peak, as op_memory.py predicted, in one process) or "host" (_bwd_dqdx writes one row per pseudo-token, W-fold, and
+# the launcher sums each step's W rows; proven).
+DQ_SUM = env_choice("FALCON_TRITON_3_DQ_SUM", "kernel", ("kernel", "host"),
+                    "Falcon-3 in place: dq summed per step in _bwd_dqdx or on the host")
 
 
 def a_dtype(dtype: torch.dtype) -> torch.dtype:
