@@ -37,7 +37,7 @@ def test_every_kernel_switch_is_read_through_the_registry():
 
 
 def test_bench_switches_lists_each_once_and_marks_an_override():
-    env = dict(os.environ, FALCON_TRITON_3_PAIR_SUM="triton", PYTHONPATH=ROOT)
+    env = dict(os.environ, FALCON_TRITON_3_PAIR_SUM="torch", PYTHONPATH=ROOT)
     env.pop("FALCON_TRITON_A_DTYPE", None)
     out = subprocess.run([sys.executable, "-m", "falcon_lab.bench", "switches"], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=300)
@@ -46,6 +46,6 @@ def test_bench_switches_lists_each_once_and_marks_an_override():
     names = [r.split("`")[1] for r in rows]
     assert len(names) == len(set(names)) >= 20
     pair = next(r for r in rows if "`FALCON_TRITON_3_PAIR_SUM`" in r)
-    assert "**'triton'**" in pair and "'torch'" in pair, pair
+    assert "**'torch'**" in pair and "'triton'" in pair, pair
     adt = next(r for r in rows if "`FALCON_TRITON_A_DTYPE`" in r)
     assert "| 'input' | 'input' |" in adt, adt  # the default, not bold

@@ -63,7 +63,7 @@ A_DTYPE = env_choice("FALCON_TRITON_A_DTYPE", "input", ("input", "fp32"),
                      "Falcon-1/-3: the triangular inverse A stored in the inputs' dtype or fp32 (both proven)")
 # Falcon-3 in place: dq per step (ours): "kernel" (_bwd_dqdx sums each step's W pseudo-token rows in fp32 before its
 # store: dq [B, T, H, K] instead of [B, T·W, H, K], no host sum kernel, one rounding instead of two; the default since
-# 2026-12-03, seventeenth session: Falcon-3's 25 check rows pass with it on the H200, 0.986-0.993x the time and -24 MB
+# 2026-12-03, sixteenth session: Falcon-3's 25 check rows pass with it on the H200, 0.986-0.993x the time and -24 MB
 # peak, as op_memory.py predicted, in one process) or "host" (_bwd_dqdx writes one row per pseudo-token, W-fold, and
 # the launcher sums each step's W rows; proven).
 DQ_SUM = env_choice("FALCON_TRITON_3_DQ_SUM", "kernel", ("kernel", "host"),

@@ -12,7 +12,7 @@ Falcon-3's fwd+bwd (8.2 ms) ran 13 `aten::add_` per call, 1.13 ms (those 8 and t
 accumulations; benchmarks/results/h200_logs/kernels_2026-12-03g/call4/profile1/). Here it is one read of dxe and one
 write of dx, the same additions in the same order (so the same result; Triton's CPU interpreter rounds bf16 casts
 toward zero, so there one bf16 step off), and no fp32 buffer. FALCON_TRITON_3_PAIR_SUM=triton selects it (the
-default since 2026-12-03, seventeenth session: Falcon-3's 25 check rows passed with it on the H200,
+default since 2026-12-03, sixteenth session: Falcon-3's 25 check rows passed with it on the H200,
 benchmarks/results/h200_logs/kernels_2026-12-03h/call1/); =torch keeps the host loop.
 """
 

@@ -62,8 +62,9 @@ ROWS_BV = env_choice("FALCON_TRITON_2A_ROWS_BV", "32", ("32", "16"),
                      "Falcon-2A/-2: _pc_bwd_rows' value tile (16: opt-in, unproven, slower)")
 # _pc_bwd_rows' grid (ours): "tile" (one program per sub-block and value tile, 4 warps, as _pc_bwd_cols; its parts of
 # M side by side in an fp32 scratch of V / BV times M's size, summed in _pc_bwd_main; the default since 2026-12-03,
-# seventeenth session: the 2A and 2 sweeps 58/58 on the H200, Falcon-2A 0.82-0.92x and Falcon-2 0.94-0.99x the time in
-# one process at the four shapes, +96-144 MB peak) or "block" (one program per sub-block, its value tiles in turn; proven).
+# sixteenth session: the 2A and 2 sweeps 58/58 on the H200, Falcon-2A 0.82-0.92x and Falcon-2 0.94-0.99x the time in
+# one process at the four shapes, +96-144 MB peak) or "block" (one program per sub-block, its value tiles in turn;
+# proven).
 ROWS_GRID = env_choice("FALCON_TRITON_2A_ROWS_GRID", "tile", ("tile", "block"),
                        "Falcon-2A/-2: _pc_bwd_rows per sub-block and value tile, or per sub-block")
 
