@@ -68,6 +68,16 @@ CASES.append(_c("F3A-banded-bv16-W4-K48-V80", delta=False, W=4, T=40, B=1, H=1, 
                 fused=True, wl_bwd_bv="16"))
 CASES.append(_c("F3A-banded-bv64-W3-before-C64-K16-V80", delta=False, W=3, after=False, C=64, T=65, B=1, H=1,
                 K=16, V=80, seed=141, fused=True, wl_bwd_bv="64"))
+# ... and its forward state pass's weights m_o, m_c as band sums of w (wl_weights="band": FALCON_TRITON_3A_WEIGHTS=band,
+# opt-in, not yet run on the GPU): W = 2 / 3 / 4 / 8 / 16, both read orders, every chunk size, awkward T (rows past T
+# inside the last chunk), strong decay, fp16, several value blocks
+WL_BAND = [("W4-before-C32", dict(W=4, after=False, C=32, T=45)),
+           ("W16-C32-no-S0-no-dST", dict(W=16, C=32, T=40, B=1, H=1, K=48, V=16, s0=False, no_dst=True)),
+           ("W3-C64-T65-K16-V80", dict(W=3, C=64, T=65, B=1, H=1, K=16, V=80)),
+           ("W8-C16-strong-decay", dict(W=8, C=16, T=50, strong=True)),
+           ("W2-fp16", dict(W=2, dtype="float16"))]
+CASES += [_c(f"F3A-band-{n}", delta=False, seed=150 + i, fused=True, wl_weights="band", **kw)
+          for i, (n, kw) in enumerate(WL_BAND)]
 # Falcon-3 on its host expansion (fused_window=False: FALCON_TRITON_3=expand, and every packed call)
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9, fused=False))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10,
@@ -83,20 +93,19 @@ CASES.append(_c("F3-gather-W4-C64-strong-decay-no-dST", delta=True, W=4, C=64, T
                 strong=True, no_dst=True, seed=12, fused=True))
 CASES.append(_c("F3-gather-W8-fp16-no-S0", delta=True, W=8, T=23, K=16, V=16, dtype="float16", s0=False, seed=33,
                 fused=True))
-# ... with the pair gradients summed by pair_sum.py's kernel (pair_sum="triton": FALCON_TRITON_3_PAIR_SUM=triton,
-# opt-in, not yet run on the GPU) instead of the host loop
-CASES.append(_c("F3-gather-W4-C64-pairsum", delta=True, W=4, C=64, T=40, B=2, H=2, K=32, V=16, seed=12, fused=True,
-                pair_sum="triton"))
-CASES.append(_c("F3-gather-W2-fp16-before-pairsum", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16,
-                dtype="float16", seed=10, fused=True, pair_sum="triton"))
-# ... and with dq summed per step inside _bwd_dqdx (dq_sum="kernel": FALCON_TRITON_3_DQ_SUM=kernel, opt-in, not yet run
-# on the GPU): W = 4 at C = 64 with two key tiles (K = 96), W = 8, W = 2 reading before the write
-CASES.append(_c("F3-gather-W4-C64-K96-dqsum", delta=True, W=4, C=64, T=40, B=2, H=2, K=96, V=16, seed=12, fused=True,
-                dq_sum="kernel", pair_sum="triton"))
-CASES.append(_c("F3-gather-W8-fp16-dqsum", delta=True, W=8, T=23, K=16, V=16, dtype="float16", seed=33, fused=True,
-                dq_sum="kernel"))
-CASES.append(_c("F3-gather-W2-before-C32-strong-decay-dqsum", delta=True, W=2, after=False, C=32, T=45, B=1, K=16,
-                V=16, strong=True, seed=10, fused=True, dq_sum="kernel"))
+# ... the cases above run the defaults: the pair gradients summed by pair_sum.py's kernel (FALCON_TRITON_3_PAIR_SUM=
+# triton) and dq summed per step inside _bwd_dqdx (FALCON_TRITON_3_DQ_SUM=kernel), both since 2026-12-03; these run the
+# host's sums (pair_sum="torch": the W strided += loop; dq_sum="host": dq W-fold, summed by the launcher) and the
+# default's dq sum with two key tiles (K = 96)
+CASES.append(_c("F3-gather-W4-C64-hostsums", delta=True, W=4, C=64, T=40, B=2, H=2, K=32, V=16, seed=12, fused=True,
+                pair_sum="torch", dq_sum="host"))
+CASES.append(_c("F3-gather-W2-fp16-before-hostpairsum", delta=True, W=2, after=False, C=32, T=45, B=1, K=16,
+                V=16, dtype="float16", seed=10, fused=True, pair_sum="torch"))
+CASES.append(_c("F3-gather-W4-C64-K96", delta=True, W=4, C=64, T=40, B=2, H=2, K=96, V=16, seed=12, fused=True))
+CASES.append(_c("F3-gather-W8-fp16-hostdq", delta=True, W=8, T=23, K=16, V=16, dtype="float16", seed=33, fused=True,
+                dq_sum="host"))
+CASES.append(_c("F3-gather-W2-before-C32-strong-decay", delta=True, W=2, after=False, C=32, T=45, B=1, K=16,
+                V=16, strong=True, seed=10, fused=True))
 CASES.append(_c("F2A-after", delta=False, per_col=True, seed=13))
 CASES.append(_c("F2A-before-C32-V20", delta=False, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=14))
 CASES.append(_c("F2A-C64-strong-decay-no-S0-no-dST", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
@@ -126,14 +135,15 @@ CASES.append(_c("F2A-sb-before-C32-strong-decay", delta=False, per_col=True, aft
                 V=20, strong=True, seed=14, intra="blocked", fwd_grid="block"))
 CASES.append(_c("F2-chunkgrid-fp16-C64-no-S0-rows16", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=32,
                 dtype="float16", s0=False, seed=19, intra="blocked", fwd_grid="chunk", rows_bv="16"))
-# ... _pc_bwd_rows with one program per value tile (rows_grid="tile": FALCON_TRITON_2A_ROWS_GRID=tile, opt-in, not yet
-# run on the GPU): M's parts summed in _pc_bwd_main (two parts at V = 48, three with 16-column tiles)
-CASES.append(_c("F2A-rowstile-C64-V48", delta=False, per_col=True, C=64, T=70, B=1, V=48, seed=13, intra="blocked",
-                rows_grid="tile"))
+# ... _pc_bwd_rows: the cases above run the default (FALCON_TRITON_2A_ROWS_GRID=tile since 2026-12-03: one program per
+# sub-block and value tile, M's parts summed in _pc_bwd_main; two parts at V = 48, three with 16-column tiles); the
+# "rowsblock" cases one program per sub-block, its value tiles in turn (rows_grid="block")
+CASES.append(_c("F2A-rowsblock-C64-V48", delta=False, per_col=True, C=64, T=70, B=1, V=48, seed=13, intra="blocked",
+                rows_grid="block"))
 CASES.append(_c("F2A-rowstile-rows16-before-C32-strong-decay", delta=False, per_col=True, after=False, C=32, T=45, B=1,
-                K=16, V=48, strong=True, seed=14, intra="blocked", rows_grid="tile", rows_bv="16"))
-CASES.append(_c("F2-rowstile-fp16-C64-V64", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=64,
-                dtype="float16", seed=19, intra="blocked", rows_grid="tile"))
+                K=16, V=48, strong=True, seed=14, intra="blocked", rows_bv="16"))
+CASES.append(_c("F2-rowsblock-fp16-C64-V64", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=64,
+                dtype="float16", seed=19, intra="blocked", rows_grid="block"))
 CASES.append(_c("F2-after", delta=True, per_col=True, seed=17))
 CASES.append(_c("F2-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=18))
 CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
@@ -205,8 +215,8 @@ VARLEN += [dict(id=f"varlen-native-F3-{dt}-C{C}-{rd}", varlen=True, variant="3",
                                             ("float16", 64, "after")])]
 VARLEN += [dict(id=f"varlen-native-F{v}-C64-chunkgrid-rows16", varlen=True, variant=v, dtype="float32", C=64,
                 seed=64 + i, fwd_grid="chunk", rows_bv="16") for i, v in enumerate(("2A", "2"))]
-VARLEN += [dict(id=f"varlen-native-F{v}-C32-rowstile", varlen=True, variant=v, dtype="float32", C=32, seed=66 + i,
-                rows_grid="tile") for i, v in enumerate(("2A", "2"))]
+VARLEN += [dict(id=f"varlen-native-F{v}-C32-rowsblock", varlen=True, variant=v, dtype="float32", C=32, seed=66 + i,
+                rows_grid="block") for i, v in enumerate(("2A", "2"))]
 # the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the
 # fused prep kernels' packed branch
 VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dtype="float32", C=16, prep="torch",
@@ -343,17 +353,19 @@ SWITCHES = [
      "FALCON_TRITON_2A_FWD_GRID must be 'block' or 'chunk', got 'blocks'"),
     (KT + "percol", "ROWS_BV", "FALCON_TRITON_2A_ROWS_BV", "32", "64",
      "FALCON_TRITON_2A_ROWS_BV must be '32' or '16', got '64'"),
-    (KT + "percol", "ROWS_GRID", "FALCON_TRITON_2A_ROWS_GRID", "block", "tiles",
-     "FALCON_TRITON_2A_ROWS_GRID must be 'block' or 'tile', got 'tiles'"),
+    (KT + "percol", "ROWS_GRID", "FALCON_TRITON_2A_ROWS_GRID", "tile", "tiles",
+     "FALCON_TRITON_2A_ROWS_GRID must be 'tile' or 'block', got 'tiles'"),
     (KT + "common", "FP32_DOT", "FALCON_TRITON_FP32_DOT", "tf32x3", "fp64",
      "FALCON_TRITON_FP32_DOT must be 'tf32x3', 'ieee' or 'tf32', got 'fp64'"),
-    (KT + "chunk", "DQ_SUM", "FALCON_TRITON_3_DQ_SUM", "host", "gpu",
-     "FALCON_TRITON_3_DQ_SUM must be 'host' or 'kernel', got 'gpu'"),
-    (KT + "pair_sum", "PAIR_SUM", "FALCON_TRITON_3_PAIR_SUM", "torch", "cuda",
-     "FALCON_TRITON_3_PAIR_SUM must be 'torch' or 'triton', got 'cuda'"),
+    (KT + "chunk", "DQ_SUM", "FALCON_TRITON_3_DQ_SUM", "kernel", "gpu",
+     "FALCON_TRITON_3_DQ_SUM must be 'kernel' or 'host', got 'gpu'"),
+    (KT + "pair_sum", "PAIR_SUM", "FALCON_TRITON_3_PAIR_SUM", "triton", "cuda",
+     "FALCON_TRITON_3_PAIR_SUM must be 'triton' or 'torch', got 'cuda'"),
     # the banded 3A's backward value block
     (KT + "window_linear", "WL_BWD_BV", "FALCON_TRITON_3A_BWD_BV", "32", "48",
      "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),
+    (KT + "window_linear", "WL_WEIGHTS", "FALCON_TRITON_3A_WEIGHTS", "shifted", "bands",
+     "FALCON_TRITON_3A_WEIGHTS must be 'shifted' or 'band', got 'bands'"),
     # Falcon-2's forward state pass by sub-blocks; =rows the row substitution, =blocked both passes by blocks
     (KT + "percol_delta", "SOLVE", "FALCON_TRITON_2_SOLVE", "fwd", "block",
      "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd' or 'blocked', got 'block'"),

@@ -176,6 +176,7 @@ if __name__ == "__main__":
     default_pair_sum = kpair.PAIR_SUM
     default_state_bv = kcommon.STATE_BV
     default_wl_bwd_bv = kwl.WL_BWD_BV
+    default_wl_weights = kwl.WL_WEIGHTS
     default_solve = kpdelta.SOLVE
     default_bwd_solve = kpdelta.BWD_SOLVE
     default_blk_bwd = kpdelta.BLK_BWD
@@ -194,6 +195,7 @@ if __name__ == "__main__":
         kchunk.A_DTYPE = c.get("a_dtype", default_a_dtype)  # what FALCON_TRITON_A_DTYPE sets
         kchunk.DQ_SUM = c.get("dq_sum", default_dq_sum)  # what FALCON_TRITON_3_DQ_SUM sets
         kwl.WL_BWD_BV = c.get("wl_bwd_bv", default_wl_bwd_bv)  # what FALCON_TRITON_3A_BWD_BV sets
+        kwl.WL_WEIGHTS = c.get("wl_weights", default_wl_weights)  # what FALCON_TRITON_3A_WEIGHTS sets
         try:
             if c.get("recompute"):
                 res = recompute_case(c)

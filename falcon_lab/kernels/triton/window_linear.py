@@ -71,6 +71,20 @@ BW = 16  # the carried-pairs tile (W - 1 <= 15 rows used)
 # 25/25 rows passed but fwd+bwd was 3-4 % slower and peak 36-120 MB higher: kernels_2026-12-03e).
 WL_BWD_BV = env_choice("FALCON_TRITON_3A_BWD_BV", "32", ("16", "32", "64", "128"),
                        "Falcon-3A banded: the backward's value tile (32 proven)")
+# The forward state pass's weights m_o, m_c (ours): "shifted" (the proven form: W shifted loads of g and η, each with
+# its own cumsum, and W - 1 scalar extractions for m_c) or "band" (m_o[j'] = Σ_{j' <= s < j'+W} w_s and
+# m_c[c] = Σ_{s <= c} w_s as one masked [C, C] and one [BW, C] row sum of w, which the chunk computes anyway: one cumsum
+# per chunk instead of W + 1, no shifted loads). The same sums up to the order of the fp32 additions. Written
+# 2026-12-03 (sixteenth session) after the H200 profile put _wl_fwd_state, the sequential pass that forms them per
+# chunk, at 1.88 ms of Falcon-3A's 5.3 at (1, 32768, 6, 128) against Falcon-1's _fwd_state 0.74 ms
+# (kernels_2026-12-03h). Offline (sm_90a, Triton 3.6, bf16, W = 4, 4 warps): at K = 128, C = 32 (the long shape's
+# launch) 186 -> 127 registers and 1472 -> 1152 SASS instructions; at K = 64, C = 64 (the [C, C] band is 32 values a
+# thread) 2656 -> 2840 instructions, stack 184 -> 240 bytes — so the A/B decides, per chunk size. _wl_bwd_main keeps
+# the shifted form (offline no fewer instructions or spills with the band). Interpreter-tested; not yet run on the
+# GPU (opt-in).
+WL_WEIGHTS = env_choice("FALCON_TRITON_3A_WEIGHTS", "shifted", ("shifted", "band"),
+                        "Falcon-3A banded: the forward state pass's weights by shifted loads or band sums (band: "
+                        "unproven)")
 
 
 @triton.jit
@@ -158,24 +172,31 @@ def _band_carried(i, c, u, eta, ur, C: tl.constexpr, W: tl.constexpr, READ_AFTER
 
 @triton.jit
 def _state_weights(G, ETA, b, h, n, i, c, g, eta, u, uC, T, H: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
-                   BWc: tl.constexpr):
-    """(m_o [C], m_c [BW], w [C]): the weights of the own and carried pairs in S_out, and w_s = e^{u_C-u_s} η_s."""
-    mo = tl.zeros([C], dtype=tl.float32)
-    for m in tl.static_range(W):
-        um, em, val = _shifted(G, ETA, b, h, n, i, m, g, T, H, C)
-        mo += tl.where(val, tl.exp(tl.minimum(uC - um, 0.)) * em, 0.)
-    w = tl.exp(tl.minimum(uC - u, 0.)) * eta
-    mc = tl.zeros([BWc], dtype=tl.float32)
-    for s in tl.static_range(W - 1):
-        w_s = tl.sum(tl.where(i == s, w, 0.), 0)
-        mc += tl.where((c >= s) & (c < W - 1), w_s, 0.)
+                   BWc: tl.constexpr, BANDW: tl.constexpr):
+    """(m_o [C], m_c [BW], w [C]): the weights of the own and carried pairs in S_out, and w_s = e^{u_C-u_s} η_s
+    (0 past T, where η is). BANDW (WL_WEIGHTS="band"): m_o and m_c as band sums of w."""
+    if BANDW:
+        w = tl.exp(tl.minimum(uC - u, 0.)) * eta
+        d = i[None, :] - i[:, None]  # [j', s]: s - j'
+        mo = tl.sum(tl.where((d >= 0) & (d < W), w[None, :], 0.), 1)
+        mc = tl.sum(tl.where((i[None, :] <= c[:, None]) & (c < W - 1)[:, None], w[None, :], 0.), 1)
+    else:
+        mo = tl.zeros([C], dtype=tl.float32)
+        for m in tl.static_range(W):
+            um, em, val = _shifted(G, ETA, b, h, n, i, m, g, T, H, C)
+            mo += tl.where(val, tl.exp(tl.minimum(uC - um, 0.)) * em, 0.)
+        w = tl.exp(tl.minimum(uC - u, 0.)) * eta
+        mc = tl.zeros([BWc], dtype=tl.float32)
+        for s in tl.static_range(W - 1):
+            w_s = tl.sum(tl.where(i == s, w, 0.), 0)
+            mc += tl.where((c >= s) & (c < W - 1), w_s, 0.)
     return mo, mc, w
 
 
 @triton.jit
 def _wl_fwd_state(XW, VW, ETA, G, S0, HS, ST, T, XT, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   C: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BWc: tl.constexpr,
-                  HAS_S0: tl.constexpr, PREC: tl.constexpr):
+                  HAS_S0: tl.constexpr, PREC: tl.constexpr, BANDW: tl.constexpr):
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -190,7 +211,7 @@ def _wl_fwd_state(XW, VW, ETA, G, S0, HS, ST, T, XT, NT, H: tl.constexpr, K: tl.
         rmask, tok, g, u, ur = _chunk_vecs(G, b, h, n, i, T, H, C, True)
         eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
         uC = tl.sum(g, 0)
-        mo, mc, w = _state_weights(G, ETA, b, h, n, i, c, g, eta, u, uC, T, H, C, W, BWc)
+        mo, mc, w = _state_weights(G, ETA, b, h, n, i, c, g, eta, u, uC, T, H, C, W, BWc, BANDW)
         otok, ctok, cm = _pair_rows(b, h, n, i, c, XT, H, C, W)
         xo, xc = _load_pairs(XW, otok, ctok, rmask, cm, ck, kmask, K)
         vo, vc = _load_pairs(VW, otok, ctok, rmask, cm, cv, vmask, V)
@@ -291,7 +312,7 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
            * tl.trans(_band_own(G, ETA, b, h, n, i, g, ur, T, H, C, W, READ_AFTER))).to(dt)
     PcT = (tl.dot(xc, tl.trans(q), input_precision=PREC)
            * tl.trans(_band_carried(i, c, u, eta, ur, C, W, READ_AFTER, BWc))).to(dt)
-    mo, mc, w = _state_weights(G, ETA, b, h, n, i, c, g, eta, u, uC, T, H, C, W, BWc)
+    mo, mc, w = _state_weights(G, ETA, b, h, n, i, c, g, eta, u, uC, T, H, C, W, BWc, False)
     dPo = tl.zeros([C, C], dtype=tl.float32)
     dPc = tl.zeros([C, BWc], dtype=tl.float32)
     dq = tl.zeros([C, BK], dtype=tl.float32)
@@ -420,7 +441,8 @@ def window_linear_forward(q, xw, vw, eta, g, S0, *, read_after, C, W, allow_tf32
     HS = torch.empty(B, H, NT, K, V, dtype=torch.float32, device=q.device)
     ST = _empty((B, H, K, V), torch.float32, q.device)
     _wl_fwd_state[(cdiv(V, BV), B * H)](xw, vw, eta, g, S0 if S0 is not None else eta, HS, ST, T, XT, NT,
-                                               H, K, V, C, W, BK, BV, BW, S0 is not None, prec, **st)
+                                               H, K, V, C, W, BK, BV, BW, S0 is not None, prec,
+                                               WL_WEIGHTS == "band", **st)
     O = _empty((B, T, H, V), q.dtype, q.device)
     _wl_fwd_out[(cdiv(V, BV), NT, B * H)](q, xw, vw, eta, g, HS, O, T, XT, NT, H, K, V, C, W, BK, BV, BW,
                                                  read_after, prec, **st)
