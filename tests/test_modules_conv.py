@@ -137,6 +137,14 @@ def test_argument_errors():
             short_conv(x, w, backend="triton")
 
 
+def test_poison_switch_takes_0_or_1(monkeypatch):
+    monkeypatch.setenv("FALCON_TRITON_POISON", "1")
+    assert conv._alloc((2, 3), torch.float32, "cpu").isnan().all()
+    monkeypatch.setenv("FALCON_TRITON_POISON", "true")  # used to mean "off", silently
+    with pytest.raises(ValueError, match="FALCON_TRITON_POISON must be '0' or '1', got 'true'"):
+        conv._alloc((2, 3), torch.float32, "cpu")
+
+
 # ------------------------------------------------------------------------------------------------
 # Triton kernels under the interpreter
 # ------------------------------------------------------------------------------------------------

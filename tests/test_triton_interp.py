@@ -366,6 +366,12 @@ SWITCHES = [
      "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),
     (KT + "window_linear", "WL_WEIGHTS", "FALCON_TRITON_3A_WEIGHTS", "shifted", "bands",
      "FALCON_TRITON_3A_WEIGHTS must be 'shifted' or 'band', got 'bands'"),
+    # the on/off switches take 0 or 1 only (any other value used to mean "off", silently)
+    (KT + "common", "POISON", "FALCON_TRITON_POISON", None, "true",
+     "FALCON_TRITON_POISON must be '0' or '1', got 'true'"),
+    (KT + "host", "UNPROVEN", "FALCON_TRITON_UNPROVEN", None, "yes",
+     "FALCON_TRITON_UNPROVEN must be '0' or '1', got 'yes'"),
+    (KT[:-1], "_TF32", "FALCON_TRITON_TF32", None, "on", "FALCON_TRITON_TF32 must be '0' or '1', got 'on'"),
     # Falcon-2's forward state pass by sub-blocks; =rows the row substitution, =blocked both passes by blocks
     (KT + "percol_delta", "SOLVE", "FALCON_TRITON_2_SOLVE", "fwd", "block",
      "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd' or 'blocked', got 'block'"),

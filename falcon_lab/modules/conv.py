@@ -192,7 +192,10 @@ if triton is not None:
 
 def _alloc(shape, dtype, device):
     """torch.empty, or NaN-filled under FALCON_TRITON_POISON=1 (catches unwritten outputs)."""
-    if os.environ.get("FALCON_TRITON_POISON", "0") == "1":
+    poison = os.environ.get("FALCON_TRITON_POISON", "0")  # read per call: the checks set it after import
+    if poison not in ("0", "1"):
+        raise ValueError(f"FALCON_TRITON_POISON must be '0' or '1', got {poison!r}")
+    if poison == "1":
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 

@@ -60,7 +60,7 @@ import torch
 from ..spec import FalconSpec
 from .decode import decode_step
 from .eig import window_ok as eig_window_ok
-from .host import UNPROVEN, env_choice, env_value
+from .host import UNPROVEN, env_choice
 from .ops import chunk_core, plain_eager
 from .prep import fused_prepare
 from .window_linear import BW as WINDOW_LINEAR_MAX_W, chunk_for as window_chunk_for
@@ -83,8 +83,8 @@ def _read_interpret() -> bool:
 # keep the dispatch below traceable by torch.compile (Dynamo cannot call Triton's C getenv).
 _INTERPRET = _read_interpret()
 _UNPROVEN = UNPROVEN  # FALCON_TRITON_UNPROVEN (host.py)
-_TF32 = env_value("FALCON_TRITON_TF32", "0", "1: fp32 inputs' dots at tf32 (allow_tf32) instead of full precision",
-                  ("0", "1")) == "1"
+_TF32 = env_choice("FALCON_TRITON_TF32", "0", ("0", "1"),
+                   "1: fp32 inputs' dots at tf32 (allow_tf32) instead of full precision") == "1"
 # Falcon-3A: "banded" (window_linear.py, one scan with the window as a banded intra-chunk mask; the default since
 # 2026-12-03: its whole `bench check --variants 3A` sweep, 29/29 rows without a failure on the H200 at c2485d2,
 # benchmarks/results/h200_logs/kernels_2026-12-03b/call3_c2485d2/check_banded3a_sweep/ (README.md in

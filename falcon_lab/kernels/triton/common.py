@@ -27,8 +27,8 @@ import triton.language as tl
 from .host import cdiv, env_choice, env_value, next_pow2  # noqa: F401  (cdiv, next_pow2 re-exported)
 
 # Debug aid for the GPU checks: allocate outputs filled with NaN so unwritten elements show.
-POISON = env_value("FALCON_TRITON_POISON", "0", "1: outputs allocated NaN-filled (GPU checks: unwritten elements show)",
-                   ("0", "1")) == "1"
+POISON = env_choice("FALCON_TRITON_POISON", "0", ("0", "1"),
+                    "1: outputs allocated NaN-filled (GPU checks: unwritten elements show)") == "1"
 FP32_DOT = env_choice("FALCON_TRITON_FP32_DOT", "tf32x3", ("tf32x3", "ieee", "tf32"),
                       "fp32 inputs' dot precision (see _prec; K or V <= 16 and the interpreter use 'ieee')")
 

@@ -33,8 +33,8 @@ def env_choice(name: str, default: str, choices: tuple, what: str = "") -> str:
 
 
 # Kernel paths not yet proven on the H200 run on CUDA only with FALCON_TRITON_UNPROVEN=1 (read once, here).
-UNPROVEN = env_value("FALCON_TRITON_UNPROVEN", "0", "1: run kernel paths not yet proven on the H200 on CUDA too",
-                     ("0", "1")) == "1"
+UNPROVEN = env_choice("FALCON_TRITON_UNPROVEN", "0", ("0", "1"),
+                      "1: run kernel paths not yet proven on the H200 on CUDA too") == "1"
 
 
 def cdiv(a: int, b: int) -> int:
