@@ -35,8 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (_chunk_rows, _empty, _prec, _state_init, _state_put, _state_tile, _varlen_chunk, _varlen_seq,
-                     cdiv, launch, varlen_args)
+from .chunk import a_dtype
+from .common import (_chunk_rows, _empty, _np2, _prec, _state_init, _state_put, _state_tile, _varlen_chunk,
+                     _varlen_seq, cdiv, launch, varlen_args)
 from .host import SWITCHES, UNPROVEN, env_choice, env_value
 from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 
@@ -59,8 +60,18 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # operands in the transposed solve only, ",f32"; memcheck clean each time), and at 8 warps fp32 read shared or local
 # memory out of range (K = 64, tile 64; K = 128, tile 16; in _bwd_solve_blocked's loop over sub-blocks, last first)
 # (kernels_2026-12-03c/-d/-e). FALCON_TRITON_2_BLK_BWD="warps,bv[,f32|,x32][,s1]" sets that launch (ours).
-SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "fwd", ("rows", "fwd", "blocked"),
-                   "Falcon-2: the state passes' per-column solves by rows or 16-row sub-blocks (proven: fwd, rows)")
+# "inv" (ours, 2026-12-03, sixteenth session; interpreter-tested, not yet run on the GPU): the forward pass by
+# sub-blocks as "fwd", but the diagonal blocks' substitutions (16 dependent steps of [16, BV] work, each with three
+# cross-thread row extractions, on the sequential path) replaced by precomputed inverses: _pcd_blk_inv, one program per
+# sub-block, head and value tile (all in parallel), writes M = (I + L_aa)^{-1} per column, [16, 16] per sub-block and
+# column, in A's dtype (chunk.a_dtype: FALCON_TRITON_A_DTYPE), and the pass applies it as one [16, 16, BV] multiply and
+# sum. Why:
+# at (1, 32768, 6, 128) the forward pass by sub-blocks took 28.0 of Falcon-2's 86 ms (kernels_2026-12-03h), ~55 us a
+# chunk on 24 programs. Cost: 16 values per token, head and column (16x v's size; 0.8 GB in bf16 at
+# (16, 2048, 12, 64)), alive during the forward state pass only. The reverse pass stays by rows.
+SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "fwd", ("rows", "fwd", "blocked", "inv"),
+                   "Falcon-2: the state passes' per-column solves by rows, 16-row sub-blocks or precomputed block "
+                   "inverses (proven: fwd, rows)")
 try:
     _blk = env_value("FALCON_TRITON_2_BLK_BWD", "4,0,x32",
                      "Falcon-2: the reverse pass by sub-blocks' launch, 'warps,bv[,f32|,x32][,s1]' (proven: 4,0,x32)"
@@ -344,8 +355,9 @@ def _pcd_bwd_solve(X, ETA, G, HS, RR, DRHS, SUP, SU, DX32, DX, DV, DETA, DG, T, 
 def _pcd_fwd_state_blk(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K: tl.constexpr,
                    V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    HAS_S0: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr,
-                   SBS: tl.constexpr):
-    """_pcd_fwd_state with the per-column solves by SBS-row sub-blocks (_fwd_solve_blocked; ours, experimental)."""
+                   SBS: tl.constexpr, INV, USE_INV: tl.constexpr):
+    """_pcd_fwd_state with the per-column solves by SBS-row sub-blocks (_fwd_solve_blocked; ours), USE_INV: with the
+    diagonal blocks' inverses INV from _pcd_blk_inv."""
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -362,6 +374,8 @@ def _pcd_fwd_state_blk(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K:
         G += bos * H * V
         RR += bos * H * V
         HS += coff * K * V
+        if USE_INV:
+            INV += bos * H * SBS * V
         hs = h.to(tl.int64)
         b = 0
     else:
@@ -382,7 +396,8 @@ def _pcd_fwd_state_blk(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K:
         # the right-hand sides of the whole chunk, then the solve by SBS-row sub-blocks (_fwd_solve_blocked)
         tl.store(RR + off, R, mask=vm)
         tl.debug_barrier()
-        A = _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H, K, V, C, BK, BV, SBS, PREC)
+        A = _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H, K, V, C, BK, BV, SBS, PREC,
+                               INV, USE_INV)
         S = S * tl.exp(uC)[None, :] + A
     tl.store(ST + bh64 * K * V + soff, S, mask=smask)
 
@@ -459,6 +474,53 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
 
 
 @triton.jit
+def _pcd_blk_inv(X, ETA, G, INV, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                 BK: tl.constexpr, BV: tl.constexpr, SBS: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF,
+                 VARLEN: tl.constexpr):
+    """Program (chunk·NB + a, b·H + h, value tile vb), SOLVE="inv" (ours): the inverse M = (I + L)^{-1} of sub-block
+    a's diagonal block per value column, L[i, s, c] = [s < i] (x_i·x_s) e^{u⁻_{i,c} - u_{s,c}} η_{s,c} with the
+    sub-block's own log-prefix (what _subst_fwd substitutes), by rows: M_i = e_i - Σ_{s<i} L[i, s] M_s (rows not
+    yet formed are 0, and L[i, s] is 0 for s >= i). Stored as INV[b, t, h, s, c] = M[t - t_a, s, c] for the
+    sub-block's rows t (t_a its first row)."""
+    NB: tl.constexpr = C // SBS
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    vb = tl.program_id(2)
+    n = pid // NB
+    a = pid % NB
+    b = bh // H
+    h = bh % H
+    if VARLEN:
+        _s, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        X += bos * H * K
+        ETA += bos * H * V
+        G += bos * H * V
+        INV += bos * H * SBS * V
+    j = tl.arange(0, SBS)
+    _r, rmask, tok, _x = _chunk_rows(b, h, n * NB + a, j, T, T, 0, H, SBS)
+    ck = tl.arange(0, BK)
+    cv = vb * BV + tl.arange(0, BV)
+    vm = rmask[:, None] & (cv < V)[None, :]
+    off = tok[:, None] * V + cv[None, :]
+    x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & (ck < K)[None, :], other=0.)
+    eta = tl.load(ETA + off, mask=vm, other=0.)
+    g = tl.load(G + off, mask=vm, other=0.)
+    u = tl.cumsum(g, 0)
+    up = u - g
+    gram = tl.dot(x, tl.trans(x), input_precision=PREC)
+    L = tl.where((j[None, :] < j[:, None])[:, :, None],
+                 gram[:, :, None] * tl.exp(tl.minimum(up[:, None, :] - u[None, :, :], 0.)) * eta[None, :, :], 0.)
+    M = tl.zeros([SBS, SBS, BV], dtype=tl.float32)
+    for i in range(0, SBS):
+        sel = (j == i)[:, None, None]
+        Li = tl.sum(tl.where(sel, L, 0.), 0)  # [s, c]
+        Mi = tl.where((j == i)[:, None], 1., 0.) - tl.sum(Li[:, None, :] * M, 0)  # [s', c]: row i of M
+        M = tl.where(sel, Mi[None, :, :], M)
+    tl.store(INV + (tok[:, None, None] * SBS + j[None, :, None]) * V + cv[None, None, :],
+             M.to(INV.dtype.element_ty), mask=vm[:, None, :])
+
+
+@triton.jit
 def _subst_fwd(R, gram, eta, u, up, i, N: tl.constexpr):
     """(I + L) R_new = R for one diagonal block by forward substitution, column-oriented (R_s is final once the
     rows < s are done); L[i, s] = [s < i] gram[i, s] e^{u⁻_i - u_s} η_s per value column; rows i = tl.arange."""
@@ -491,13 +553,14 @@ def _subst_bwd(d, gram, eta, u, up, i, N: tl.constexpr):
 @triton.jit
 def _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SBS: tl.constexpr,
-                       PREC: tl.constexpr):
+                       PREC: tl.constexpr, INV, USE_INV: tl.constexpr):
     """Chunk n's per-column systems (I + L) R = RHS (RHS in RR, overwritten by R) by SBS-row sub-blocks (ours):
     for s in an earlier sub-block and i in sub-block a, L[i, s] = (x_i·x_s) e^{u⁻_i - u_s} η_s factors through the
     sub-block start a0 as e^{u⁻_i - u_{a0}} · (x_i · A) with A = Σ_s x_s (e^{u_{a0} - u_s} η_s R_s)ᵀ, a [K, BV]
     accumulator: the off-diagonal blocks become tensor-core dots, only the diagonal [SBS, SBS] blocks are
-    substituted (SBS steps of [SBS, BV] work instead of C steps of [C, BV]). Every exponent is a within-sub-block
-    difference <= 0. Returns A at the chunk end, Xᵀ (e^{u_C - u} ⊙ η ⊙ R): the state update's increment."""
+    substituted (SBS steps of [SBS, BV] work instead of C steps of [C, BV]), or, USE_INV (SOLVE="inv"), solved with
+    their inverses from _pcd_blk_inv (INV [B, T, H, SBS, V]). Every exponent is a within-sub-block difference <= 0.
+    Returns A at the chunk end, Xᵀ (e^{u_C - u} ⊙ η ⊙ R): the state update's increment."""
     j = tl.arange(0, SBS)
     A = tl.zeros([BK, BV], dtype=tl.float32)
     for a in range(0, C // SBS):
@@ -511,7 +574,12 @@ def _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H: tl.co
         upa = ua - ga
         gs = tl.sum(ga, 0)
         ra = tl.load(RR + off, mask=vm, other=0.) - tl.exp(upa) * tl.dot(xa, A.to(xa.dtype), input_precision=PREC)
-        ra = _subst_fwd(ra, tl.dot(xa, tl.trans(xa), input_precision=PREC), ea, ua, upa, j, SBS)
+        if USE_INV:  # R_a[i, c] = Σ_s M[i, s, c] rhs[s, c]
+            mi = tl.load(INV + (tok[:, None, None] * SBS + j[None, :, None]) * V + cv[None, None, :],
+                         mask=vm[:, None, :], other=0.).to(tl.float32)
+            ra = tl.sum(mi * ra[None, :, :], 1)
+        else:
+            ra = _subst_fwd(ra, tl.dot(xa, tl.trans(xa), input_precision=PREC), ea, ua, upa, j, SBS)
         tl.store(RR + off, ra, mask=vm)
         w = ra * ea * tl.exp(tl.minimum(gs[None, :] - ua, 0.))
         A = A * tl.exp(gs)[None, :] + tl.dot(tl.trans(xa), w.to(xa.dtype), input_precision=PREC)
@@ -673,8 +741,18 @@ def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_s
     ST = _empty((NS, H, K, V), f32, dev)
     fargs = (x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T, NT, H, K, V, C, BK, BVs, S0 is not None,
              prec, *va)
-    if SOLVE in ("fwd", "blocked") and C > 16:
-        _pcd_fwd_state_blk[(cdiv(V, BVs), NS * H)](*fargs, 16, **st)
+    if SOLVE == "inv":
+        INV = torch.empty(B, T, H, 16, V, dtype=a_dtype(q.dtype), device=dev)
+        BVi = min(32, _np2(V))
+        _pcd_blk_inv[(NT * (C // 16), B * H, cdiv(V, BVi))](x, eta, g, INV, T, H, K, V, C, BK, BVi, 16, prec, *va,
+                                                           num_warps=4, **st)
+        # value tiles of at most 32 columns here: the applied inverse block is [16, 16, BV] fp32 (offline, sm_90a,
+        # 4 warps: at K = 64 with the pass's 64 columns the stack grew 392 -> 576 bytes; with 32, none)
+        BVv = min(BVs, 32)
+        _pcd_fwd_state_blk[(cdiv(V, BVv), NS * H)](*fargs[:15], BVv, *fargs[16:], 16, INV, True, **st)
+        del INV
+    elif SOLVE in ("fwd", "blocked") and C > 16:
+        _pcd_fwd_state_blk[(cdiv(V, BVs), NS * H)](*fargs, 16, eta, False, **st)
     else:
         _pcd_fwd_state[(cdiv(V, BVs), NS * H)](*fargs, **st)
     OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
