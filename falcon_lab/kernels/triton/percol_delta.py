@@ -60,15 +60,17 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # operands in the transposed solve only, ",f32"; memcheck clean each time), and at 8 warps fp32 read shared or local
 # memory out of range (K = 64, tile 64; K = 128, tile 16; in _bwd_solve_blocked's loop over sub-blocks, last first)
 # (kernels_2026-12-03c/-d/-e). FALCON_TRITON_2_BLK_BWD="warps,bv[,f32|,x32][,s1]" sets that launch (ours).
-# "inv" (ours, 2026-12-03, sixteenth session; interpreter-tested, not yet run on the GPU): the forward pass by
-# sub-blocks as "fwd", but the diagonal blocks' substitutions (16 dependent steps of [16, BV] work, each with three
-# cross-thread row extractions, on the sequential path) replaced by precomputed inverses: _pcd_blk_inv, one program per
-# sub-block, head and value tile (all in parallel), writes M = (I + L_aa)^{-1} per column, [16, 16] per sub-block and
-# column, in A's dtype (chunk.a_dtype: FALCON_TRITON_A_DTYPE), and the pass applies it as one [16, 16, BV] multiply and
-# sum. Why:
-# at (1, 32768, 6, 128) the forward pass by sub-blocks took 28.0 of Falcon-2's 86 ms (kernels_2026-12-03h), ~55 us a
-# chunk on 24 programs. Cost: 16 values per token, head and column (16x v's size; 0.8 GB in bf16 at
-# (16, 2048, 12, 64)), alive during the forward state pass only. The reverse pass stays by rows.
+# "inv" (ours, 2026-12-03, sixteenth session; interpreter-tested; on the H200 only rows 1-4 of the check sweep so
+# far): the forward pass by sub-blocks as "fwd", but the diagonal blocks' substitutions (16 dependent steps of [16,
+# BV] work, each with three cross-thread row extractions, on the sequential path) replaced by precomputed inverses:
+# _pcd_blk_inv, one program per sub-block, head and value tile (all in parallel), writes M = (I + L_aa)^{-1} per
+# column, [16, 16] per sub-block and column, in A's dtype (chunk.a_dtype: FALCON_TRITON_A_DTYPE), and the pass applies
+# it as one [16, 16, BV] multiply and sum. Why: at (1, 32768, 6, 128) the forward pass by sub-blocks took 28.0 of
+# Falcon-2's 86 ms (kernels_2026-12-03h), ~55 us a chunk on 24 programs. Cost: 16 values per token, head and column
+# (16x v's size; 0.8 GB in bf16 at (16, 2048, 12, 64)), alive during the forward state pass only. The reverse pass
+# stays by rows. First H200 numbers (one round, 50060de, kernels_2026-12-03h/call10): Falcon-2's fwd+bwd 85.7 -> 68.3
+# ms at (1, 32768, 6, 128), 27.3 -> 25.3 ms at (16, 2048, 12, 64) (the forward pass and _pcd_blk_inv 27.8 -> 10.2 and
+# 5.3 -> 3.3 ms), peak unchanged.
 SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "fwd", ("rows", "fwd", "blocked", "inv"),
                    "Falcon-2: the state passes' per-column solves by rows, 16-row sub-blocks or precomputed block "
                    "inverses (proven: fwd, rows)")
