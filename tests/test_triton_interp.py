@@ -179,6 +179,10 @@ F2_INV = [("C64-strong-decay-no-S0", dict(C=64, T=70, B=1, H=1, K=32, V=16, stro
           ("fp16-C64-K48-V80", dict(C=64, T=70, B=1, H=1, K=48, V=80, dtype="float16"))]
 CASES += [_c(f"F2-inv-{n}", delta=True, per_col=True, seed=160 + i, solve="inv", **kw)
           for i, (n, kw) in enumerate(F2_INV)]
+# ... and the reverse pass by sub-blocks with the same inverses, transposed (solve="blocked_inv": the forward as "inv";
+# the reverse pass's default launch, every dot on fp32 operands)
+CASES += [_c(f"F2-blocked-inv-{n}", delta=True, per_col=True, seed=170 + i, solve="blocked_inv", **kw)
+          for i, (n, kw) in enumerate(F2_INV)]
 # chunk.py's backward in three kernels (_bwd_cc, _bwd_dqdx, _bwd_gate): beside the cases above, K = 80 (two key tiles
 # of 64 and a partial one's mask) and Falcon-1A with K = 128, V = 80 (two key tiles, value blocks of 64 and a masked
 # rest)
@@ -226,8 +230,8 @@ VARLEN += [dict(id=f"varlen-native-F{v}-C64-chunkgrid-rows16", varlen=True, vari
                 seed=64 + i, fwd_grid="chunk", rows_bv="16") for i, v in enumerate(("2A", "2"))]
 VARLEN += [dict(id=f"varlen-native-F{v}-C32-rowsblock", varlen=True, variant=v, dtype="float32", C=32, seed=66 + i,
                 rows_grid="block") for i, v in enumerate(("2A", "2"))]
-VARLEN += [dict(id="varlen-native-F2-C32-inv", varlen=True, variant="2", dtype="float32", C=32, seed=68,
-                solve="inv")]
+VARLEN += [dict(id=f"varlen-native-F2-C32-{sv}", varlen=True, variant="2", dtype="float32", C=32, seed=68 + i,
+                solve=sv) for i, sv in enumerate(("inv", "blocked_inv"))]
 # the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the
 # fused prep kernels' packed branch
 VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dtype="float32", C=16, prep="torch",
@@ -385,7 +389,7 @@ SWITCHES = [
     (KT[:-1], "_TF32", "FALCON_TRITON_TF32", None, "on", "FALCON_TRITON_TF32 must be '0' or '1', got 'on'"),
     # Falcon-2's forward state pass by sub-blocks; =rows the row substitution, =blocked both passes by blocks
     (KT + "percol_delta", "SOLVE", "FALCON_TRITON_2_SOLVE", "fwd", "block",
-     "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd', 'blocked' or 'inv', got 'block'"),
+     "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd', 'blocked', 'inv' or 'blocked_inv', got 'block'"),
     # ... and its solve's gradients by sub-blocks; =exact the broadcast
     (KT + "percol_delta", "BWD_SOLVE", "FALCON_TRITON_2_BWD_SOLVE", "blocked", None, None),
     # the blocked reverse pass's launch ("4,0,x32", the one proven on the H200)

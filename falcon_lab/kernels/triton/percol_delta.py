@@ -71,7 +71,10 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # stays by rows. First H200 numbers (one round, 50060de, kernels_2026-12-03h/call10): Falcon-2's fwd+bwd 85.7 -> 68.3
 # ms at (1, 32768, 6, 128), 27.3 -> 25.3 ms at (16, 2048, 12, 64) (the forward pass and _pcd_blk_inv 27.8 -> 10.2 and
 # 5.3 -> 3.3 ms), peak unchanged.
-SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "fwd", ("rows", "fwd", "blocked", "inv"),
+# "blocked_inv" (ours, same session; interpreter-tested only): "inv" and the reverse pass by sub-blocks
+# (_pcd_bwd_state_blk, its proven launch FALCON_TRITON_2_BLK_BWD) with the same inverses, recomputed in the backward,
+# transposed: drhs_s = Σ_i M[i, s] d_i for the diagonal blocks (the reverse pass by rows took 44.7 of the 86 ms above).
+SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "fwd", ("rows", "fwd", "blocked", "inv", "blocked_inv"),
                    "Falcon-2: the state passes' per-column solves by rows, 16-row sub-blocks or precomputed block "
                    "inverses (proven: fwd, rows)")
 try:
@@ -409,9 +412,10 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr,
                    PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr, SBS: tl.constexpr,
-                   F32DOT: tl.constexpr, PREC32: tl.constexpr):
+                   F32DOT: tl.constexpr, PREC32: tl.constexpr, INV, USE_INV: tl.constexpr):
     """_pcd_bwd_state with the transposed solves by SBS-row sub-blocks (_bwd_solve_blocked; ours, experimental;
-    F32DOT 1: the solve's dots on fp32 operands at precision PREC32; 2: every dot here, q and x cast up on load).
+    F32DOT 1: the solve's dots on fp32 operands at precision PREC32; 2: every dot here, q and x cast up on load;
+    USE_INV: the diagonal blocks solved with the transposes of _pcd_blk_inv's inverses INV).
     Reverse state pass: dH (the gradient of the state after each chunk), the state part of dU, and
     drhs = (I + L)^{-T} (η ⊙ dU) by backward substitution; the solve's right-hand side reads S, so
     dH gains Xᵀ(-e^{u⁻} ⊙ drhs)."""
@@ -434,6 +438,8 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
         DSU += bos * H * V
         DRHS += bos * H * V
         DHS += coff * K * V
+        if USE_INV:
+            INV += bos * H * SBS * V
         hs = h.to(tl.int64)
         b = 0
     else:
@@ -469,7 +475,7 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
         tl.store(DRHS + off, d, mask=vm)
         tl.debug_barrier()
         xd = _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H, K, V, C, BK, BV, SBS,
-                                PREC32 if F32DOT > 0 else PREC, F32DOT > 0)
+                                PREC32 if F32DOT > 0 else PREC, F32DOT > 0, INV, USE_INV)
         dH = dH * tl.exp(uC)[None, :] + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(dt), input_precision=OPREC) - xd
     if STORE_DS0:
         tl.store(DS0 + bh64 * K * V + soff, dH, mask=smask)
@@ -591,12 +597,13 @@ def _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H: tl.co
 @triton.jit
 def _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SBS: tl.constexpr,
-                       PREC: tl.constexpr, F32DOT: tl.constexpr):
+                       PREC: tl.constexpr, F32DOT: tl.constexpr, INV, USE_INV: tl.constexpr):
     """The transposed solve (I + L)ᵀ drhs = d of chunk n (d in DRHS, overwritten by drhs) by SBS-row sub-blocks,
     last first (ours): for s in sub-block a and i in a later one, L[i, s] drhs_i = η_s e^{u_{a1} - u_s} (x_s · Gc)
     with a1 the sub-block's last row and Gc = Σ_i x_i (e^{u⁻_i - u_{a1}} drhs_i)ᵀ, a [K, BV] accumulator.
     Returns Gc at the chunk start, Xᵀ (e^{u⁻} ⊙ drhs): minus the solve's right-hand side's part of dH.
-    F32DOT: the key tile cast to fp32 first, so every dot here runs on fp32 operands (at PREC)."""
+    F32DOT: the key tile cast to fp32 first, so every dot here runs on fp32 operands (at PREC). USE_INV: the diagonal
+    block's transposed system solved as drhs_s = Σ_i M[i, s] d_i with M from _pcd_blk_inv (INV), not substituted."""
     j = tl.arange(0, SBS)
     Gc = tl.zeros([BK, BV], dtype=tl.float32)
     NB: tl.constexpr = C // SBS
@@ -615,7 +622,12 @@ def _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H: tl.
         gs = tl.sum(ga, 0)
         da = tl.load(DRHS + off, mask=vm, other=0.) \
             - ea * tl.exp(tl.minimum(gs[None, :] - ua, 0.)) * tl.dot(xa, Gc.to(xa.dtype), input_precision=PREC)
-        da = _subst_bwd(da, tl.dot(xa, tl.trans(xa), input_precision=PREC), ea, ua, upa, j, SBS)
+        if USE_INV:  # drhs[s, c] = Σ_i M[i, s, c] d[i, c]
+            mi = tl.load(INV + (tok[:, None, None] * SBS + j[None, :, None]) * V + cv[None, None, :],
+                         mask=vm[:, None, :], other=0.).to(tl.float32)
+            da = tl.sum(mi * da[:, None, :], 0)
+        else:
+            da = _subst_bwd(da, tl.dot(xa, tl.trans(xa), input_precision=PREC), ea, ua, upa, j, SBS)
         tl.store(DRHS + off, da, mask=vm)
         Gc = Gc * tl.exp(gs)[None, :] + tl.dot(tl.trans(xa), (tl.exp(upa) * da).to(xa.dtype), input_precision=PREC)
     return Gc
@@ -729,6 +741,18 @@ def _check_layout(**named):
                              f"shape {tuple(t.shape)}, strides {t.stride()}")
 
 
+def block_inverses(x, eta, g, NT, C, BK, prec, va, st):
+    """SOLVE="inv" / "blocked_inv": every 16-row sub-block's per-column inverse (I + L_aa)^{-1}, [B, T, H, 16, V] in
+    A's dtype (_pcd_blk_inv), over NT chunks (slots, for packed sequences)."""
+    B, T, H, K = x.shape
+    V = eta.shape[-1]
+    INV = torch.empty(B, T, H, 16, V, dtype=a_dtype(x.dtype), device=x.device)
+    BVi = min(32, _np2(V))
+    _pcd_blk_inv[(NT * (C // 16), B * H, cdiv(V, BVi))](x, eta, g, INV, T, H, K, V, C, BK, BVi, 16, prec, *va,
+                                                       num_warps=4, **st)
+    return INV
+
+
 def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_seqlens=None):
     """Falcon-2 core forward (per-column γ, η; regression; window 1) -> (O, S_T, saved for backward). cu_seqlens
     (B = 1): the packed sequences run natively (chunk.chunk_forward's convention)."""
@@ -743,11 +767,8 @@ def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_s
     ST = _empty((NS, H, K, V), f32, dev)
     fargs = (x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T, NT, H, K, V, C, BK, BVs, S0 is not None,
              prec, *va)
-    if SOLVE == "inv":
-        INV = torch.empty(B, T, H, 16, V, dtype=a_dtype(q.dtype), device=dev)
-        BVi = min(32, _np2(V))
-        _pcd_blk_inv[(NT * (C // 16), B * H, cdiv(V, BVi))](x, eta, g, INV, T, H, K, V, C, BK, BVi, 16, prec, *va,
-                                                           num_warps=4, **st)
+    if SOLVE in ("inv", "blocked_inv"):
+        INV = block_inverses(x, eta, g, NT, C, BK, prec, va, st)
         # value tiles of at most 32 columns here: the applied inverse block is [16, 16, BV] fp32 (offline, sm_90a,
         # 4 warps: at K = 64 with the pass's 64 columns the stack grew 392 -> 576 bytes; with 32, none)
         BVv = min(BVs, 32)
@@ -798,18 +819,24 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     # with wgmma m64n8k8 instructions (Triton 3.6); with BV = 32 it compiles to the m64n16k8 / m64n32k8 / mma.sync
     # mix of the builds that pass (experiments/h200/pcd_offline_compile.py). Masked columns cost nothing in bounds.
     BVb = max(BVs, 32) if q.dtype == torch.float32 else BVs
-    if SOLVE == "blocked" and C > 16:
+    rev_inv = SOLVE == "blocked_inv"  # the reverse pass by sub-blocks with the diagonal blocks' inverses
+    rev_blk = rev_inv or (SOLVE == "blocked" and C > 16)
+    if rev_blk:
         if dev.type == "cuda" and BLK_BWD != PROVEN_BLK_BWD and not UNPROVEN:
-            raise RuntimeError("FALCON_TRITON_2_SOLVE=blocked with FALCON_TRITON_2_BLK_BWD other than '4,0,x32': "
+            raise RuntimeError(f"FALCON_TRITON_2_SOLVE={SOLVE} with FALCON_TRITON_2_BLK_BWD other than '4,0,x32': "
                                "this launch of the reverse state pass by sub-blocks is not proven on the H200 (16-bit "
                                "dots failed there); it runs on CUDA only with FALCON_TRITON_UNPROVEN=1")
         BVb = BLK_BWD[1] or BVb
+        if rev_inv:
+            BVb = min(BVb, 32)  # the [16, 16, BV] fp32 inverse block, as in the forward
     bargs = (q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS, DS0 if DS0 is not None else eta,
              T, NT, H, K, V, C, BK, BVb, read_after, dST is not None, need_ds0, prec, *va)
-    if SOLVE == "blocked" and C > 16:
+    if rev_blk:
+        INV = block_inverses(x, eta, g, NT, C, BK, prec, va, st) if rev_inv else eta
         _pcd_bwd_state_blk[(cdiv(V, BVb), NS * H)](*bargs, 16, BLK_BWD[2], _prec(torch.float32, allow_tf32, dev, K, V),
-                                                   num_warps=BLK_BWD[0], **({**st, "num_stages": 1} if BLK_BWD[3]
-                                                                            else st))
+                                                   INV, rev_inv, num_warps=BLK_BWD[0],
+                                                   **({**st, "num_stages": 1} if BLK_BWD[3] else st))
+        del INV
     else:
         _pcd_bwd_state[(cdiv(V, BVb), NS * H)](*bargs, num_warps=8, **st)
     # Falcon-2A's backward with R as the values: dq (final), the read-out and state-update parts of
