@@ -250,6 +250,17 @@ def results():
                             timeout=600)
 
 
+def test_banded_falcon_3a_chunk_cap(monkeypatch):
+    """window_linear.chunk_for: the asked chunk, capped at 32 above K = 64 (a failure on the H200), and at 32 for every
+    K under FALCON_TRITON_3A_CHUNK=32."""
+    import falcon_lab.kernels.triton.window_linear as wl
+
+    monkeypatch.setattr(wl, "WL_CHUNK", "64")
+    assert (wl.chunk_for(64, 64), wl.chunk_for(128, 64), wl.chunk_for(64, 16)) == (64, 32, 16)
+    monkeypatch.setattr(wl, "WL_CHUNK", "32")
+    assert (wl.chunk_for(64, 64), wl.chunk_for(16, 64), wl.chunk_for(128, 64), wl.chunk_for(64, 16)) == (32, 32, 32, 16)
+
+
 def test_banded_falcon_3a_through_the_public_op_and_compile(results):
     """With the one-scan kernel the default (FALCON_TRITON_3A=banded, since 2026-12-03), chunk_falcon's Falcon-3A runs
     it: varlen (the packed call runs the W scans natively: the banded kernel has no packed form) and continuation (the
@@ -381,6 +392,8 @@ SWITCHES = [
      "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),
     (KT + "window_linear", "WL_WEIGHTS", "FALCON_TRITON_3A_WEIGHTS", "shifted", "bands",
      "FALCON_TRITON_3A_WEIGHTS must be 'shifted' or 'band', got 'bands'"),
+    (KT + "window_linear", "WL_CHUNK", "FALCON_TRITON_3A_CHUNK", "64", "16",
+     "FALCON_TRITON_3A_CHUNK must be '64' or '32', got '16'"),
     # the on/off switches take 0 or 1 only (any other value used to mean "off", silently)
     (KT + "common", "POISON", "FALCON_TRITON_POISON", None, "true",
      "FALCON_TRITON_POISON must be '0' or '1', got 'true'"),

@@ -82,6 +82,13 @@ WL_BWD_BV = env_choice("FALCON_TRITON_3A_BWD_BV", "32", ("16", "32", "64", "128"
 # thread) 2656 -> 2840 instructions, stack 184 -> 240 bytes — so the A/B decides, per chunk size. _wl_bwd_main keeps
 # the shifted form (offline no fewer instructions or spills with the band). Interpreter-tested; not yet run on the
 # GPU (opt-in).
+# The largest chunk (ours): "64" (the default: the asked chunk, capped at 32 above K = 64, chunk_for) or "32" (capped
+# at 32 for every K). Why: _wl_bwd_main, 1.60 of Falcon-3A's 2.4 ms at (16, 2048, 12, 64) (kernels_2026-12-03h), does
+# [C, C] band work per chunk (W exponentials of [C, C] and their adjoints), C² per chunk and C per token, while the
+# sequential passes it would lengthen take 0.11 + 0.06 ms there. Every K <= 64 build at C = 32 is in the H200's check
+# sweep (the core rows at every chunk size); opt-in until an in-process A/B says which is faster.
+WL_CHUNK = env_choice("FALCON_TRITON_3A_CHUNK", "64", ("64", "32"),
+                      "Falcon-3A banded: the largest chunk, 64 (32 above K = 64) or 32")
 WL_WEIGHTS = env_choice("FALCON_TRITON_3A_WEIGHTS", "shifted", ("shifted", "band"),
                         "Falcon-3A banded: the forward state pass's weights by shifted loads or band sums (band: "
                         "unproven)")
@@ -418,8 +425,9 @@ def chunk_for(K: int, C: int) -> int:
     2026-12-02, benchmarks/results/h200_logs/kernels_2026-12-02d/) every K = 128, C = 64 row failed in the
     forward read-out (bf16: o off by 0.4 while S_T and every gradient passed; fp32: an illegal memory access),
     at 4 warps and at 8, while K = 128 at C = 16 and 32 and K <= 64 at C = 64 passed. The cause is not known,
-    so above K = 64 the chunk is capped at 32: the scan is exact at any chunk size."""
-    return min(C, 32) if K > 64 else C
+    so above K = 64 the chunk is capped at 32: the scan is exact at any chunk size. WL_CHUNK = "32" caps it at 32
+    for every K."""
+    return min(C, 32) if K > 64 or WL_CHUNK == "32" else C
 
 
 def _tiles(K: int, V: int):
