@@ -117,6 +117,19 @@ CASES.append(_c("F1-state-bv16", delta=True, K=32, V=48, T=40, B=1, H=1, seed=17
 CASES.append(_c("F1A-state-bv16-before-C32", delta=False, K=32, V=48, T=40, B=1, H=1, C=32, after=False, seed=18,
                 state_bv="16"))
 CASES.append(_c("F3-state-bv16", delta=True, W=2, K=16, V=48, T=20, B=1, H=1, seed=20, state_bv="16", fused=False))
+# the per-chunk states HS, DHS stored in the inputs' dtype (state_dtype="input": FALCON_TRITON_STATE_DTYPE=input,
+# opt-in, not yet run on the GPU; fp16 here, where it differs from the default's fp32): Falcon-1 and -1A both read
+# orders and every chunk size, Falcon-3 in place and on its expansion, Falcon-3A's scans; the window-1 cases also
+# check the saved states' dtype and the custom operator's fake outputs (hs_dtype_off, saved_meta_off: 0 when they
+# agree)
+STATE_IN = [("F1-after-C16", dict(delta=True)), ("F1-before-C64-T65", dict(delta=True, after=False, C=64, T=65, B=1)),
+            ("F1A-C32-K48", dict(delta=False, C=32, T=70, K=48, V=16, B=1)),
+            ("F1A-before-strong-decay-C64", dict(delta=False, after=False, C=64, T=64, B=1, H=1, strong=True)),
+            ("F3-gather-W4-C64", dict(delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16, fused=True)),
+            ("F3-expand-W2", dict(delta=True, W=2, T=23, fused=False)),
+            ("F3A-scans-W3", dict(delta=False, W=3, fused=False))]
+CASES += [_c(f"state-fp16-{n}", dtype="float16", seed=180 + i, state_dtype="input", **kw)
+          for i, (n, kw) in enumerate(STATE_IN)]
 # Falcon-2A / -2's intra-chunk term: every per-column case runs the default, by 16-row sub-blocks (FALCON_TRITON_2A=
 # blocked; C = 16 is one block), except those naming intra="exact" (the [C, C, 4] broadcast, FALCON_TRITON_2A=exact)
 CASES.append(_c("F2A-blocked-C64-V48", delta=False, per_col=True, C=64, T=70, B=1, V=48, seed=13, intra="blocked"))
@@ -394,6 +407,8 @@ SWITCHES = [
      "FALCON_TRITON_3A_WEIGHTS must be 'shifted' or 'band', got 'bands'"),
     (KT + "window_linear", "WL_CHUNK", "FALCON_TRITON_3A_CHUNK", "64", "16",
      "FALCON_TRITON_3A_CHUNK must be '64' or '32', got '16'"),
+    (KT + "chunk", "STATE_DTYPE", "FALCON_TRITON_STATE_DTYPE", "fp32", "bf16",
+     "FALCON_TRITON_STATE_DTYPE must be 'fp32' or 'input', got 'bf16'"),
     # the on/off switches take 0 or 1 only (any other value used to mean "off", silently)
     (KT + "common", "POISON", "FALCON_TRITON_POISON", None, "true",
      "FALCON_TRITON_POISON must be '0' or '1', got 'true'"),

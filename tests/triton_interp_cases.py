@@ -65,6 +65,17 @@ def run_case(c):
     res = {"o": rel(o, o_ref), "S_T": rel(s, s_ref)}
     for n, a, b in zip(names, grads, ref_grads):
         res["d" + n] = rel(a, b)
+    if c.get("state_dtype") and W == 1:  # the saved states' dtype, and the custom operator's fake outputs agree with it
+        import falcon_lab.kernels.triton.ops as kops
+
+        cfg = [int(delta), int(after), C, 0, 0, 0, 1, 0]
+        with torch.no_grad():
+            outs = kops._scalar_fwd(qi, xi, vi, ei, gi, si, cfg)
+        meta = kops._scalar_saved_shapes(qi, xi, vi, cfg)
+        want = dtype if c["state_dtype"] == "input" else torch.float32
+        res["hs_dtype_off"] = float(outs[2].dtype != want)
+        res["saved_meta_off"] = float(any(tuple(t.shape) != tuple(sh) or t.dtype != dt
+                                          for t, (sh, dt) in zip(outs[2:], meta)))
     return res
 
 
@@ -169,6 +180,7 @@ if __name__ == "__main__":
     default_3a = kt._FALCON_3A
     default_a_dtype = kchunk.A_DTYPE
     default_dq_sum = kchunk.DQ_SUM
+    default_state_dtype = kchunk.STATE_DTYPE
     default_intra = kpercol.INTRA
     default_fwd_grid = kpercol.FWD_GRID
     default_rows_bv = kpercol.ROWS_BV
@@ -194,6 +206,7 @@ if __name__ == "__main__":
         kcommon.STATE_BV = c.get("state_bv", default_state_bv)  # what FALCON_TRITON_STATE_BV sets
         kchunk.A_DTYPE = c.get("a_dtype", default_a_dtype)  # what FALCON_TRITON_A_DTYPE sets
         kchunk.DQ_SUM = c.get("dq_sum", default_dq_sum)  # what FALCON_TRITON_3_DQ_SUM sets
+        kchunk.STATE_DTYPE = c.get("state_dtype", default_state_dtype)  # what FALCON_TRITON_STATE_DTYPE sets
         kwl.WL_BWD_BV = c.get("wl_bwd_bv", default_wl_bwd_bv)  # what FALCON_TRITON_3A_BWD_BV sets
         kwl.WL_WEIGHTS = c.get("wl_weights", default_wl_weights)  # what FALCON_TRITON_3A_WEIGHTS sets
         try:

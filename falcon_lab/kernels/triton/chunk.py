@@ -66,6 +66,17 @@ A_DTYPE = env_choice("FALCON_TRITON_A_DTYPE", "input", ("input", "fp32"),
 # 2026-12-03, sixteenth session: Falcon-3's 25 check rows pass with it on the H200, 0.986-0.993x the time and -24 MB
 # peak, as op_memory.py predicted, in one process) or "host" (_bwd_dqdx writes one row per pseudo-token, W-fold, and
 # the launcher sums each step's W rows; proven).
+# The per-chunk states' storage (ours): "fp32" (the default, proven) or "input" (the inputs' dtype, as fla's
+# chunk_fwd_h stores h): HS (the state at each chunk's start, from _fwd_state) and DHS (the gradient at its end, from
+# _bwd_state), read by _fwd_out and _bwd_dqdx. The sequential passes keep their fp32 tile; every read feeds a dot in the
+# inputs' dtype (S.to(dt)), the same value as a store in that dtype, except _bwd_dqdx's Σ dH ⊙ S for d log γ, which
+# then sums rounded states. Half the bytes written by the passes and read back (at (1, 32768, 6, 128) 201 -> 101 MB
+# each), and half of two of the larger buffers (Falcon-3's are W-fold). Written 2026-12-03 (sixteenth session) for
+# Falcon-1's state passes, 1.06x fla's at that shape; interpreter-tested; not yet run on the GPU (opt-in).
+# op_memory.py predicts the ops' own peaks at (16, 2048, 12, 64) / (1, 32768, 6, 128): Falcon-1 880.5 -> 784.5 /
+# 995.3 -> 803.3 MB, Falcon-1A 688.5 -> 592.5 / 851.3 -> 659.3, Falcon-3 in place 2674.6 -> 2290.6 / 3137.3 -> 2369.3.
+STATE_DTYPE = env_choice("FALCON_TRITON_STATE_DTYPE", "fp32", ("fp32", "input"),
+                         "Falcon-1/-1A/-3: the per-chunk states HS, DHS in fp32 or the inputs' dtype (input: unproven)")
 DQ_SUM = env_choice("FALCON_TRITON_3_DQ_SUM", "kernel", ("kernel", "host"),
                     "Falcon-3 in place: dq summed per step in _bwd_dqdx or on the host")
 
@@ -73,6 +84,11 @@ DQ_SUM = env_choice("FALCON_TRITON_3_DQ_SUM", "kernel", ("kernel", "host"),
 def a_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype A is stored in for inputs of `dtype` (A_DTYPE)."""
     return dtype if A_DTYPE == "input" else torch.float32
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the per-chunk states HS and their gradients DHS are stored in for inputs of `dtype` (STATE_DTYPE)."""
+    return dtype if STATE_DTYPE == "input" else torch.float32
 
 
 # ------------------------------------------------------------------------------------------------
@@ -706,8 +722,8 @@ def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT,
         vm = rmask[:, None] & vmask[None, :]
         smask = kmask[:, None] & vmask[None, :]
         soff = ck[:, None] * V + cv[None, :]
-        S = tl.load(HS + hbase + soff, mask=smask, other=0.)
-        dH = tl.load(DHS + hbase + soff, mask=smask, other=0.)
+        S = tl.load(HS + hbase + soff, mask=smask, other=0.).to(tl.float32)  # a no-op for fp32 states (STATE_DTYPE)
+        dH = tl.load(DHS + hbase + soff, mask=smask, other=0.).to(tl.float32)
         Sd = S.to(dt)
         if GATHER:
             do = tl.load(DO + stok[:, None] * V + cv[None, :], mask=gmask[:, None] & vmask[None, :], other=0.).to(dt)
@@ -832,7 +848,7 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
                                *va, **st)
     else:
         A = WT = VT = R = eta  # never read (constexpr-disabled branches)
-    HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
+    HS = torch.empty(B, H, NT, K, V, dtype=state_dtype(q.dtype), device=dev)
     ST = _empty((NS, H, K, V), f32, dev)
     _fwd_state[(cdiv(V, BVs), NS * H)](
         x, v, eta, g, WT, VT, S0 if S0 is not None else eta, HS, R, ST, T, XT, xoff, NT, H, K, V, C,
@@ -857,7 +873,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     _bwd_dul[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,
                                                 read_after, prec, group, gather, *va, **st)
-    DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
+    DHS = torch.empty(B, H, NT, K, V, dtype=state_dtype(q.dtype), device=dev)
     DS0 = _empty((NS, H, K, V), f32, dev) if need_ds0 else None
     _bwd_state[(cdiv(V, BVs), NS * H)](
         q, x, eta, g, WT, dO, DU, dST if dST is not None else eta, DHS,

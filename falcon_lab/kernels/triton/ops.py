@@ -32,7 +32,7 @@ from typing import List, Optional
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .chunk import a_dtype, chunk_backward, chunk_forward
+from .chunk import a_dtype, chunk_backward, chunk_forward, state_dtype
 from .common import varlen_chunks
 from .percol import percol_backward, percol_forward
 from .percol_delta import percol_delta_backward, percol_delta_forward
@@ -79,7 +79,7 @@ def _scalar_saved_shapes(q, x, v, cfg, cu=None):
     B, T, H, K = q.shape
     T = T * group if gather else T
     V = v.shape[-1]
-    hs = ((B, H, _chunk_slots(T, C, cu), K, V), torch.float32)
+    hs = ((B, H, _chunk_slots(T, C, cu), K, V), state_dtype(q.dtype))
     if not delta:
         return [hs] + [((0,), torch.float32)] * 3
     return [hs, ((B, T, H, C), a_dtype(q.dtype)), ((B, T, H, K), q.dtype), ((B, T, H, V), q.dtype)]
