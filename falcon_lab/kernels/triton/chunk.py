@@ -66,6 +66,8 @@ A_DTYPE = env_choice("FALCON_TRITON_A_DTYPE", "input", ("input", "fp32"),
 # 2026-12-03, sixteenth session: Falcon-3's 25 check rows pass with it on the H200, 0.986-0.993x the time and -24 MB
 # peak, as op_memory.py predicted, in one process) or "host" (_bwd_dqdx writes one row per pseudo-token, W-fold, and
 # the launcher sums each step's W rows; proven).
+DQ_SUM = env_choice("FALCON_TRITON_3_DQ_SUM", "kernel", ("kernel", "host"),
+                    "Falcon-3 in place: dq summed per step in _bwd_dqdx or on the host")
 # The per-chunk states' storage (ours): "fp32" (the default, proven) or "input" (the inputs' dtype, as fla's
 # chunk_fwd_h stores h): HS (the state at each chunk's start, from _fwd_state) and DHS (the gradient at its end, from
 # _bwd_state), read by _fwd_out and _bwd_dqdx. The sequential passes keep their fp32 tile; every read feeds a dot in the
@@ -77,8 +79,6 @@ A_DTYPE = env_choice("FALCON_TRITON_A_DTYPE", "input", ("input", "fp32"),
 # 995.3 -> 803.3 MB, Falcon-1A 688.5 -> 592.5 / 851.3 -> 659.3, Falcon-3 in place 2674.6 -> 2290.6 / 3137.3 -> 2369.3.
 STATE_DTYPE = env_choice("FALCON_TRITON_STATE_DTYPE", "fp32", ("fp32", "input"),
                          "Falcon-1/-1A/-3: the per-chunk states HS, DHS in fp32 or the inputs' dtype (input: unproven)")
-DQ_SUM = env_choice("FALCON_TRITON_3_DQ_SUM", "kernel", ("kernel", "host"),
-                    "Falcon-3 in place: dq summed per step in _bwd_dqdx or on the host")
 
 
 def a_dtype(dtype: torch.dtype) -> torch.dtype:

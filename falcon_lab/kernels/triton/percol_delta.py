@@ -529,6 +529,14 @@ def _pcd_blk_inv(X, ETA, G, INV, T, H: tl.constexpr, K: tl.constexpr, V: tl.cons
 
 
 @triton.jit
+def _ld_inv(INV, tok, j, cv, vm, V: tl.constexpr, SBS: tl.constexpr):
+    """The sub-block's inverse blocks M [SBS (row i), SBS (column s), BV] in fp32, as _pcd_blk_inv stored them for
+    the rows tok (vm: their row and column mask)."""
+    return tl.load(INV + (tok[:, None, None] * SBS + j[None, :, None]) * V + cv[None, None, :],
+                   mask=vm[:, None, :], other=0.).to(tl.float32)
+
+
+@triton.jit
 def _subst_fwd(R, gram, eta, u, up, i, N: tl.constexpr):
     """(I + L) R_new = R for one diagonal block by forward substitution, column-oriented (R_s is final once the
     rows < s are done); L[i, s] = [s < i] gram[i, s] e^{u⁻_i - u_s} η_s per value column; rows i = tl.arange."""
@@ -583,9 +591,7 @@ def _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H: tl.co
         gs = tl.sum(ga, 0)
         ra = tl.load(RR + off, mask=vm, other=0.) - tl.exp(upa) * tl.dot(xa, A.to(xa.dtype), input_precision=PREC)
         if USE_INV:  # R_a[i, c] = Σ_s M[i, s, c] rhs[s, c]
-            mi = tl.load(INV + (tok[:, None, None] * SBS + j[None, :, None]) * V + cv[None, None, :],
-                         mask=vm[:, None, :], other=0.).to(tl.float32)
-            ra = tl.sum(mi * ra[None, :, :], 1)
+            ra = tl.sum(_ld_inv(INV, tok, j, cv, vm, V, SBS) * ra[None, :, :], 1)
         else:
             ra = _subst_fwd(ra, tl.dot(xa, tl.trans(xa), input_precision=PREC), ea, ua, upa, j, SBS)
         tl.store(RR + off, ra, mask=vm)
@@ -623,9 +629,7 @@ def _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H: tl.
         da = tl.load(DRHS + off, mask=vm, other=0.) \
             - ea * tl.exp(tl.minimum(gs[None, :] - ua, 0.)) * tl.dot(xa, Gc.to(xa.dtype), input_precision=PREC)
         if USE_INV:  # drhs[s, c] = Σ_i M[i, s, c] d[i, c]
-            mi = tl.load(INV + (tok[:, None, None] * SBS + j[None, :, None]) * V + cv[None, None, :],
-                         mask=vm[:, None, :], other=0.).to(tl.float32)
-            da = tl.sum(mi * da[:, None, :], 0)
+            da = tl.sum(_ld_inv(INV, tok, j, cv, vm, V, SBS) * da[:, None, :], 0)
         else:
             da = _subst_bwd(da, tl.dot(xa, tl.trans(xa), input_precision=PREC), ea, ua, upa, j, SBS)
         tl.store(DRHS + off, da, mask=vm)
@@ -765,14 +769,15 @@ def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_s
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     RR = torch.empty(B, T, H, V, dtype=f32, device=dev)
     ST = _empty((NS, H, K, V), f32, dev)
+    inv = SOLVE in ("inv", "blocked_inv")
+    # with the inverses, value tiles of at most 32 columns: the applied inverse block is [16, 16, BV] fp32 (offline,
+    # sm_90a, 4 warps: at K = 64 with the pass's 64 columns the stack grew 392 -> 576 bytes; with 32, none)
+    BVs = min(BVs, 32) if inv else BVs
     fargs = (x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T, NT, H, K, V, C, BK, BVs, S0 is not None,
              prec, *va)
-    if SOLVE in ("inv", "blocked_inv"):
+    if inv:
         INV = block_inverses(x, eta, g, NT, C, BK, prec, va, st)
-        # value tiles of at most 32 columns here: the applied inverse block is [16, 16, BV] fp32 (offline, sm_90a,
-        # 4 warps: at K = 64 with the pass's 64 columns the stack grew 392 -> 576 bytes; with 32, none)
-        BVv = min(BVs, 32)
-        _pcd_fwd_state_blk[(cdiv(V, BVv), NS * H)](*fargs[:15], BVv, *fargs[16:], 16, INV, True, **st)
+        _pcd_fwd_state_blk[(cdiv(V, BVs), NS * H)](*fargs, 16, INV, True, **st)
         del INV
     elif SOLVE in ("fwd", "blocked") and C > 16:
         _pcd_fwd_state_blk[(cdiv(V, BVs), NS * H)](*fargs, 16, eta, False, **st)

@@ -71,6 +71,13 @@ BW = 16  # the carried-pairs tile (W - 1 <= 15 rows used)
 # 25/25 rows passed but fwd+bwd was 3-4 % slower and peak 36-120 MB higher: kernels_2026-12-03e).
 WL_BWD_BV = env_choice("FALCON_TRITON_3A_BWD_BV", "32", ("16", "32", "64", "128"),
                        "Falcon-3A banded: the backward's value tile (32 proven)")
+# The largest chunk (ours): "64" (the default: the asked chunk, capped at 32 above K = 64, chunk_for) or "32" (capped
+# at 32 for every K). Why: _wl_bwd_main, 1.60 of Falcon-3A's 2.4 ms at (16, 2048, 12, 64) (kernels_2026-12-03h), does
+# [C, C] band work per chunk (W exponentials of [C, C] and their adjoints), C² per chunk and C per token, while the
+# sequential passes it would lengthen take 0.11 + 0.06 ms there. Every K <= 64 build at C = 32 is in the H200's check
+# sweep (the core rows at every chunk size); opt-in until an in-process A/B says which is faster.
+WL_CHUNK = env_choice("FALCON_TRITON_3A_CHUNK", "64", ("64", "32"),
+                      "Falcon-3A banded: the largest chunk, 64 (32 above K = 64) or 32")
 # The forward state pass's weights m_o, m_c (ours): "shifted" (the proven form: W shifted loads of g and η, each with
 # its own cumsum, and W - 1 scalar extractions for m_c) or "band" (m_o[j'] = Σ_{j' <= s < j'+W} w_s and
 # m_c[c] = Σ_{s <= c} w_s as one masked [C, C] and one [BW, C] row sum of w, which the chunk computes anyway: one cumsum
@@ -82,13 +89,6 @@ WL_BWD_BV = env_choice("FALCON_TRITON_3A_BWD_BV", "32", ("16", "32", "64", "128"
 # thread) 2656 -> 2840 instructions, stack 184 -> 240 bytes — so the A/B decides, per chunk size. _wl_bwd_main keeps
 # the shifted form (offline no fewer instructions or spills with the band). Interpreter-tested; not yet run on the
 # GPU (opt-in).
-# The largest chunk (ours): "64" (the default: the asked chunk, capped at 32 above K = 64, chunk_for) or "32" (capped
-# at 32 for every K). Why: _wl_bwd_main, 1.60 of Falcon-3A's 2.4 ms at (16, 2048, 12, 64) (kernels_2026-12-03h), does
-# [C, C] band work per chunk (W exponentials of [C, C] and their adjoints), C² per chunk and C per token, while the
-# sequential passes it would lengthen take 0.11 + 0.06 ms there. Every K <= 64 build at C = 32 is in the H200's check
-# sweep (the core rows at every chunk size); opt-in until an in-process A/B says which is faster.
-WL_CHUNK = env_choice("FALCON_TRITON_3A_CHUNK", "64", ("64", "32"),
-                      "Falcon-3A banded: the largest chunk, 64 (32 above K = 64) or 32")
 WL_WEIGHTS = env_choice("FALCON_TRITON_3A_WEIGHTS", "shifted", ("shifted", "band"),
                         "Falcon-3A banded: the forward state pass's weights by shifted loads or band sums (band: "
                         "unproven)")
