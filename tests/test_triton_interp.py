@@ -68,15 +68,16 @@ CASES.append(_c("F3A-banded-bv16-W4-K48-V80", delta=False, W=4, T=40, B=1, H=1, 
                 fused=True, wl_bwd_bv="16"))
 CASES.append(_c("F3A-banded-bv64-W3-before-C64-K16-V80", delta=False, W=3, after=False, C=64, T=65, B=1, H=1,
                 K=16, V=80, seed=141, fused=True, wl_bwd_bv="64"))
-# ... and its forward state pass's weights m_o, m_c as band sums of w (wl_weights="band": FALCON_TRITON_3A_WEIGHTS=band,
-# opt-in, not yet run on the GPU): W = 2 / 3 / 4 / 8 / 16, both read orders, every chunk size, awkward T (rows past T
+# ... and its forward state pass's weights m_o, m_c by shifted loads (wl_weights="shifted": FALCON_TRITON_3A_WEIGHTS=
+# shifted, the opt-out since band sums became the default on 2026-12-04; every other banded case runs the band):
+# W = 2 / 3 / 4 / 8 / 16, both read orders, every chunk size, awkward T (rows past T
 # inside the last chunk), strong decay, fp16, several value blocks
 WL_BAND = [("W4-before-C32", dict(W=4, after=False, C=32, T=45)),
            ("W16-C32-no-S0-no-dST", dict(W=16, C=32, T=40, B=1, H=1, K=48, V=16, s0=False, no_dst=True)),
            ("W3-C64-T65-K16-V80", dict(W=3, C=64, T=65, B=1, H=1, K=16, V=80)),
            ("W8-C16-strong-decay", dict(W=8, C=16, T=50, strong=True)),
            ("W2-fp16", dict(W=2, dtype="float16"))]
-CASES += [_c(f"F3A-band-{n}", delta=False, seed=150 + i, fused=True, wl_weights="band", **kw)
+CASES += [_c(f"F3A-shifted-{n}", delta=False, seed=150 + i, fused=True, wl_weights="shifted", **kw)
           for i, (n, kw) in enumerate(WL_BAND)]
 # Falcon-3 on its host expansion (fused_window=False: FALCON_TRITON_3=expand, and every packed call)
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9, fused=False))
@@ -403,7 +404,7 @@ SWITCHES = [
     # the banded 3A's backward value block
     (KT + "window_linear", "WL_BWD_BV", "FALCON_TRITON_3A_BWD_BV", "32", "48",
      "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),
-    (KT + "window_linear", "WL_WEIGHTS", "FALCON_TRITON_3A_WEIGHTS", "shifted", "bands",
+    (KT + "window_linear", "WL_WEIGHTS", "FALCON_TRITON_3A_WEIGHTS", "band", "bands",
      "FALCON_TRITON_3A_WEIGHTS must be 'shifted' or 'band', got 'bands'"),
     (KT + "window_linear", "WL_CHUNK", "FALCON_TRITON_3A_CHUNK", "64", "16",
      "FALCON_TRITON_3A_CHUNK must be '64' or '32', got '16'"),

@@ -75,7 +75,9 @@ WL_BWD_BV = env_choice("FALCON_TRITON_3A_BWD_BV", "32", ("16", "32", "64", "128"
 # at 32 for every K). Why: _wl_bwd_main, 1.60 of Falcon-3A's 2.4 ms at (16, 2048, 12, 64) (kernels_2026-12-03h), does
 # [C, C] band work per chunk (W exponentials of [C, C] and their adjoints), C² per chunk and C per token, while the
 # sequential passes it would lengthen take 0.11 + 0.06 ms there. Every K <= 64 build at C = 32 is in the H200's check
-# sweep (the core rows at every chunk size); opt-in until an in-process A/B says which is faster.
+# sweep (the core rows at every chunk size). On the H200 (2026-12-04, one process, 2 rounds, GPU time): 32 is 1.18-1.21x
+# the time at K = 64 (16x2048x12x64, 4x8192x12x64; 1.15-1.18x with band weights), the same at K = 128 (where both are
+# 32): the sequential passes grow more than the band work shrinks. Kept as an opt-in for other shapes.
 WL_CHUNK = env_choice("FALCON_TRITON_3A_CHUNK", "64", ("64", "32"),
                       "Falcon-3A banded: the largest chunk, 64 (32 above K = 64) or 32")
 # The forward state pass's weights m_o, m_c (ours): "shifted" (the proven form: W shifted loads of g and η, each with
@@ -87,11 +89,12 @@ WL_CHUNK = env_choice("FALCON_TRITON_3A_CHUNK", "64", ("64", "32"),
 # (kernels_2026-12-03h). Offline (sm_90a, Triton 3.6, bf16, W = 4, 4 warps): at K = 128, C = 32 (the long shape's
 # launch) 186 -> 127 registers and 1472 -> 1152 SASS instructions; at K = 64, C = 64 (the [C, C] band is 32 values a
 # thread) 2656 -> 2840 instructions, stack 184 -> 240 bytes — so the A/B decides, per chunk size. _wl_bwd_main keeps
-# the shifted form (offline no fewer instructions or spills with the band). Interpreter-tested; not yet run on the
-# GPU (opt-in).
-WL_WEIGHTS = env_choice("FALCON_TRITON_3A_WEIGHTS", "shifted", ("shifted", "band"),
-                        "Falcon-3A banded: the forward state pass's weights by shifted loads or band sums (band: "
-                        "unproven)")
+# the shifted form (offline no fewer instructions or spills with the band). On the H200 (2026-12-04, seventeenth
+# session, kernels_2026-12-04): Falcon-3A's whole check sweep passes with "band" (29/29 rows), and in one process
+# (2 rounds, GPU time) it is 0.986 / 0.905 / 0.951 / 0.998x the time of "shifted" at 16x2048x12x64, 1x32768x6x128,
+# 4x8192x12x64, 16x2048x6x128, peak unchanged: the default since then ("shifted" kept as the opt-out).
+WL_WEIGHTS = env_choice("FALCON_TRITON_3A_WEIGHTS", "band", ("shifted", "band"),
+                        "Falcon-3A banded: the forward state pass's weights by band sums or shifted loads")
 
 
 @triton.jit
