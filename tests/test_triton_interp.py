@@ -417,7 +417,7 @@ SWITCHES = [
      "FALCON_TRITON_UNPROVEN must be '0' or '1', got 'yes'"),
     (KT[:-1], "_TF32", "FALCON_TRITON_TF32", None, "on", "FALCON_TRITON_TF32 must be '0' or '1', got 'on'"),
     # Falcon-2's forward state pass by sub-blocks; =rows the row substitution, =blocked both passes by blocks
-    (KT + "percol_delta", "SOLVE", "FALCON_TRITON_2_SOLVE", "fwd", "block",
+    (KT + "percol_delta", "SOLVE", "FALCON_TRITON_2_SOLVE", "blocked_inv", "block",
      "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd', 'blocked', 'inv' or 'blocked_inv', got 'block'"),
     # ... and its solve's gradients by sub-blocks; =exact the broadcast
     (KT + "percol_delta", "BWD_SOLVE", "FALCON_TRITON_2_BWD_SOLVE", "blocked", None, None),

@@ -74,9 +74,14 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # "blocked_inv" (ours, same session; interpreter-tested only): "inv" and the reverse pass by sub-blocks
 # (_pcd_bwd_state_blk, its proven launch FALCON_TRITON_2_BLK_BWD) with the same inverses, recomputed in the backward,
 # transposed: drhs_s = Σ_i M[i, s] d_i for the diagonal blocks (the reverse pass by rows took 44.7 of the 86 ms above).
-SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "fwd", ("rows", "fwd", "blocked", "inv", "blocked_inv"),
+# On the H200 (2026-12-04, seventeenth session, kernels_2026-12-04): "inv" and "blocked_inv" pass the whole check
+# sweep (29/29 rows each, NaN-poisoned, bf16 + fp32, varlen); in one process (2 rounds, GPU time) "inv" is 0.928 /
+# 0.797 / 0.773 / 0.962x and "blocked_inv" 0.777 / 0.581 / 0.532 / 0.865x "fwd"'s time at 16x2048x12x64,
+# 1x32768x6x128, 4x8192x12x64, 16x2048x6x128 (op peak +48 MB): "blocked_inv" the default since then. Its reverse pass
+# with 16-bit dots (FALCON_TRITON_2_BLK_BWD=4,0) fails the gradients (rows 1, 7, 10, 23, 27: 0.16-0.42 off) as before.
+SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "blocked_inv", ("rows", "fwd", "blocked", "inv", "blocked_inv"),
                    "Falcon-2: the state passes' per-column solves by rows, 16-row sub-blocks or precomputed block "
-                   "inverses (proven: fwd, rows)")
+                   "inverses (proven: blocked_inv, inv, fwd, rows)")
 try:
     _blk = env_value("FALCON_TRITON_2_BLK_BWD", "4,0,x32",
                      "Falcon-2: the reverse pass by sub-blocks' launch, 'warps,bv[,f32|,x32][,s1]' (proven: 4,0,x32)"
