@@ -118,8 +118,8 @@ CASES.append(_c("F1-state-bv16", delta=True, K=32, V=48, T=40, B=1, H=1, seed=17
 CASES.append(_c("F1A-state-bv16-before-C32", delta=False, K=32, V=48, T=40, B=1, H=1, C=32, after=False, seed=18,
                 state_bv="16"))
 CASES.append(_c("F3-state-bv16", delta=True, W=2, K=16, V=48, T=20, B=1, H=1, seed=20, state_bv="16", fused=False))
-# the per-chunk states HS, DHS stored in the inputs' dtype (state_dtype="input": FALCON_TRITON_STATE_DTYPE=input,
-# opt-in, not yet run on the GPU; fp16 here, where it differs from the default's fp32): Falcon-1 and -1A both read
+# the per-chunk states HS, DHS stored in fp32 (state_dtype="fp32": FALCON_TRITON_STATE_DTYPE=fp32, the opt-out since
+# the inputs' dtype became the default on 2026-12-04; fp16 here, where the two differ): Falcon-1 and -1A both read
 # orders and every chunk size, Falcon-3 in place and on its expansion, Falcon-3A's scans; the window-1 cases also
 # check the saved states' dtype and the custom operator's fake outputs (hs_dtype_off, saved_meta_off: 0 when they
 # agree)
@@ -129,8 +129,11 @@ STATE_IN = [("F1-after-C16", dict(delta=True)), ("F1-before-C64-T65", dict(delta
             ("F3-gather-W4-C64", dict(delta=True, W=4, C=64, T=40, B=1, H=1, K=32, V=16, fused=True)),
             ("F3-expand-W2", dict(delta=True, W=2, T=23, fused=False)),
             ("F3A-scans-W3", dict(delta=False, W=3, fused=False))]
-CASES += [_c(f"state-fp16-{n}", dtype="float16", seed=180 + i, state_dtype="input", **kw)
+CASES += [_c(f"state-fp32-fp16-{n}", dtype="float16", seed=180 + i, state_dtype="fp32", **kw)
           for i, (n, kw) in enumerate(STATE_IN)]
+# ... and two naming the default ("input") so its saved states' dtype and fake outputs stay checked too
+CASES += [_c(f"state-input-fp16-{n}", dtype="float16", seed=190 + i, state_dtype="input", **kw)
+          for i, (n, kw) in enumerate(STATE_IN[:3:2])]
 # Falcon-2A / -2's intra-chunk term: every per-column case runs the default, by 16-row sub-blocks (FALCON_TRITON_2A=
 # blocked; C = 16 is one block), except those naming intra="exact" (the [C, C, 4] broadcast, FALCON_TRITON_2A=exact)
 CASES.append(_c("F2A-blocked-C64-V48", delta=False, per_col=True, C=64, T=70, B=1, V=48, seed=13, intra="blocked"))
@@ -164,9 +167,9 @@ CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=
                 strong=True, s0=False, no_dst=True, seed=19, intra="exact"))
 CASES.append(_c("F2-fp16", delta=True, per_col=True, dtype="float16", seed=20, intra="exact"))
 CASES.append(_c("F2-K48-V80-before", delta=True, per_col=True, after=False, T=50, B=1, H=1, K=48, V=80, seed=22))
-# Falcon-2's per-column solves (ours): the cases above run the defaults (the forward state pass by 16-row sub-blocks,
-# FALCON_TRITON_2_SOLVE=fwd, and the solve's own gradients by sub-blocks, FALCON_TRITON_2_BWD_SOLVE=blocked; C = 16
-# keeps the broadcast); here the row substitution and the broadcast proven before (=rows, =exact), both passes by
+# Falcon-2's per-column solves (ours): the cases above run the defaults (both state passes by 16-row sub-blocks with the
+# diagonal blocks' precomputed inverses, FALCON_TRITON_2_SOLVE=blocked_inv since 2026-12-04, and the solve's own
+# gradients by sub-blocks, FALCON_TRITON_2_BWD_SOLVE=blocked; C = 16 keeps the broadcast); here the row substitution and the broadcast proven before (=rows, =exact), both passes by
 # sub-blocks (=blocked, on CUDA only with FALCON_TRITON_UNPROVEN=1; every dot of its reverse pass on fp32 operands, the
 # transposed solve's among them, with FALCON_TRITON_2_BLK_BWD=4,32,x32,s1: three value tiles here, as in the bf16
 # builds that fail on the H200), and the broadcast under the blocked forward
@@ -184,8 +187,8 @@ CASES.append(_c("F2-rows-exact-before-C32-V20", delta=True, per_col=True, after=
                 seed=18, solve="rows", bwd_solve="exact"))
 CASES.append(_c("F2-exact-fp16-C64-K48-V80", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=48, V=80,
                 dtype="float16", seed=22, bwd_solve="exact"))
-# ... the forward pass with the diagonal blocks' precomputed inverses (solve="inv": FALCON_TRITON_2_SOLVE=inv, opt-in,
-# not yet run on the GPU; _pcd_blk_inv): every chunk size (C = 16: one sub-block), both read orders, strong decay,
+# ... the forward pass with the diagonal blocks' precomputed inverses alone (solve="inv": FALCON_TRITON_2_SOLVE=inv,
+# proven; _pcd_blk_inv): every chunk size (C = 16: one sub-block), both read orders, strong decay,
 # no S0, fp16, two value tiles of the inverse kernel and a masked rest (V = 80), awkward T
 F2_INV = [("C64-strong-decay-no-S0", dict(C=64, T=70, B=1, H=1, K=32, V=16, strong=True, s0=False)),
           ("before-C32-V20", dict(after=False, C=32, T=45, B=1, K=16, V=20)),
@@ -193,9 +196,10 @@ F2_INV = [("C64-strong-decay-no-S0", dict(C=64, T=70, B=1, H=1, K=32, V=16, stro
           ("fp16-C64-K48-V80", dict(C=64, T=70, B=1, H=1, K=48, V=80, dtype="float16"))]
 CASES += [_c(f"F2-inv-{n}", delta=True, per_col=True, seed=160 + i, solve="inv", **kw)
           for i, (n, kw) in enumerate(F2_INV)]
-# ... and the reverse pass by sub-blocks with the same inverses, transposed (solve="blocked_inv": the forward as "inv";
-# the reverse pass's default launch, every dot on fp32 operands)
-CASES += [_c(f"F2-blocked-inv-{n}", delta=True, per_col=True, seed=170 + i, solve="blocked_inv", **kw)
+# ... and the forward pass by sub-blocks with substitutions inside, the reverse by rows (solve="fwd", the default before
+# 2026-12-04, proven; the default "blocked_inv" is "inv" and the reverse pass by sub-blocks with the same inverses,
+# transposed, which every F2 case above without a solve= runs)
+CASES += [_c(f"F2-fwd-{n}", delta=True, per_col=True, seed=170 + i, solve="fwd", **kw)
           for i, (n, kw) in enumerate(F2_INV)]
 # chunk.py's backward in three kernels (_bwd_cc, _bwd_dqdx, _bwd_gate): beside the cases above, K = 80 (two key tiles
 # of 64 and a partial one's mask) and Falcon-1A with K = 128, V = 80 (two key tiles, value blocks of 64 and a masked
@@ -245,7 +249,7 @@ VARLEN += [dict(id=f"varlen-native-F{v}-C64-chunkgrid-rows16", varlen=True, vari
 VARLEN += [dict(id=f"varlen-native-F{v}-C32-rowsblock", varlen=True, variant=v, dtype="float32", C=32, seed=66 + i,
                 rows_grid="block") for i, v in enumerate(("2A", "2"))]
 VARLEN += [dict(id=f"varlen-native-F2-C32-{sv}", varlen=True, variant="2", dtype="float32", C=32, seed=68 + i,
-                solve=sv) for i, sv in enumerate(("inv", "blocked_inv"))]
+                solve=sv) for i, sv in enumerate(("inv", "fwd"))]
 # the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the
 # fused prep kernels' packed branch
 VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dtype="float32", C=16, prep="torch",
@@ -408,7 +412,7 @@ SWITCHES = [
      "FALCON_TRITON_3A_WEIGHTS must be 'shifted' or 'band', got 'bands'"),
     (KT + "window_linear", "WL_CHUNK", "FALCON_TRITON_3A_CHUNK", "64", "16",
      "FALCON_TRITON_3A_CHUNK must be '64' or '32', got '16'"),
-    (KT + "chunk", "STATE_DTYPE", "FALCON_TRITON_STATE_DTYPE", "fp32", "bf16",
+    (KT + "chunk", "STATE_DTYPE", "FALCON_TRITON_STATE_DTYPE", "input", "bf16",
      "FALCON_TRITON_STATE_DTYPE must be 'fp32' or 'input', got 'bf16'"),
     # the on/off switches take 0 or 1 only (any other value used to mean "off", silently)
     (KT + "common", "POISON", "FALCON_TRITON_POISON", None, "true",

@@ -68,17 +68,20 @@ A_DTYPE = env_choice("FALCON_TRITON_A_DTYPE", "input", ("input", "fp32"),
 # the launcher sums each step's W rows; proven).
 DQ_SUM = env_choice("FALCON_TRITON_3_DQ_SUM", "kernel", ("kernel", "host"),
                     "Falcon-3 in place: dq summed per step in _bwd_dqdx or on the host")
-# The per-chunk states' storage (ours): "fp32" (the default, proven) or "input" (the inputs' dtype, as fla's
-# chunk_fwd_h stores h): HS (the state at each chunk's start, from _fwd_state) and DHS (the gradient at its end, from
-# _bwd_state), read by _fwd_out and _bwd_dqdx. The sequential passes keep their fp32 tile; every read feeds a dot in the
-# inputs' dtype (S.to(dt)), the same value as a store in that dtype, except _bwd_dqdx's Σ dH ⊙ S for d log γ, which
-# then sums rounded states. Half the bytes written by the passes and read back (at (1, 32768, 6, 128) 201 -> 101 MB
-# each), and half of two of the larger buffers (Falcon-3's are W-fold). Written 2026-12-03 (sixteenth session) for
-# Falcon-1's state passes, 1.06x fla's at that shape; interpreter-tested; not yet run on the GPU (opt-in).
-# op_memory.py predicts the ops' own peaks at (16, 2048, 12, 64) / (1, 32768, 6, 128): Falcon-1 880.5 -> 784.5 /
-# 995.3 -> 803.3 MB, Falcon-1A 688.5 -> 592.5 / 851.3 -> 659.3, Falcon-3 in place 2674.6 -> 2290.6 / 3137.3 -> 2369.3.
-STATE_DTYPE = env_choice("FALCON_TRITON_STATE_DTYPE", "fp32", ("fp32", "input"),
-                         "Falcon-1/-1A/-3: the per-chunk states HS, DHS in fp32 or the inputs' dtype (input: unproven)")
+# The per-chunk states' storage (ours): "input" (the inputs' dtype, as fla's chunk_fwd_h stores h; the default since
+# 2026-12-04) or "fp32" (the default before, proven): HS (the state at each chunk's start, from _fwd_state) and DHS
+# (the gradient at its end, from _bwd_state), read by _fwd_out and _bwd_dqdx. The sequential passes keep their fp32
+# tile; every read feeds a dot in the inputs' dtype (S.to(dt)), the same value as a store in that dtype, except
+# _bwd_dqdx's Σ dH ⊙ S for d log γ, which then sums rounded states. Half the bytes written by the passes and read back
+# (at (1, 32768, 6, 128) 201 -> 101 MB each), and half of two of the larger buffers (Falcon-3's are W-fold). Written
+# 2026-12-03 (sixteenth session) for Falcon-1's state passes, 1.06x fla's at that shape. On the H200 (2026-12-04,
+# seventeenth session, kernels_2026-12-04): the whole check sweeps of Falcon-1 (29/29), -1A (29/29) and -3 (25/25,
+# every row its in-place path implements) pass with "input"; in one process (2 rounds, GPU time) it is 0.92-0.97x
+# (Falcon-1), 0.85-0.94x (1A), 0.93-0.98x (3) the time of "fp32" at the four shapes, and the ops' own peaks are
+# op_memory.py's predictions: at (16, 2048, 12, 64) / (1, 32768, 6, 128) Falcon-1 880.5 -> 784.5 / 995.3 -> 803.3 MB,
+# Falcon-1A 688.5 -> 592.5 / 851.3 -> 659.3, Falcon-3 in place 2674.6 -> 2290.6 / 3137.3 -> 2369.3.
+STATE_DTYPE = env_choice("FALCON_TRITON_STATE_DTYPE", "input", ("fp32", "input"),
+                         "Falcon-1/-1A/-3: the per-chunk states HS, DHS in the inputs' dtype or fp32 (both proven)")
 
 
 def a_dtype(dtype: torch.dtype) -> torch.dtype:
