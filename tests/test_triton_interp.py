@@ -169,10 +169,11 @@ CASES.append(_c("F2-fp16", delta=True, per_col=True, dtype="float16", seed=20, i
 CASES.append(_c("F2-K48-V80-before", delta=True, per_col=True, after=False, T=50, B=1, H=1, K=48, V=80, seed=22))
 # Falcon-2's per-column solves (ours): the cases above run the defaults (both state passes by 16-row sub-blocks with the
 # diagonal blocks' precomputed inverses, FALCON_TRITON_2_SOLVE=blocked_inv since 2026-12-04, and the solve's own
-# gradients by sub-blocks, FALCON_TRITON_2_BWD_SOLVE=blocked; C = 16 keeps the broadcast); here the row substitution and the broadcast proven before (=rows, =exact), both passes by
-# sub-blocks (=blocked, on CUDA only with FALCON_TRITON_UNPROVEN=1; every dot of its reverse pass on fp32 operands, the
-# transposed solve's among them, with FALCON_TRITON_2_BLK_BWD=4,32,x32,s1: three value tiles here, as in the bf16
-# builds that fail on the H200), and the broadcast under the blocked forward
+# gradients by sub-blocks, FALCON_TRITON_2_BWD_SOLVE=blocked; C = 16 keeps the broadcast); here the row substitution and
+# the broadcast proven before (=rows, =exact), both passes by sub-blocks (=blocked, on CUDA only with
+# FALCON_TRITON_UNPROVEN=1; every dot of its reverse pass on fp32 operands, the transposed solve's among them, with
+# FALCON_TRITON_2_BLK_BWD=4,32,x32,s1: three value tiles here, as in the bf16 builds that fail on the H200), and the
+# broadcast under the blocked forward
 CASES.append(_c("F2-rows-exact-C64-strong-decay", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
                 strong=True, seed=19, solve="rows", bwd_solve="exact"))
 CASES.append(_c("F2-rows-exact-fp16-C32-K48-V80", delta=True, per_col=True, C=32, T=70, B=1, H=1, K=48, V=80,
@@ -200,6 +201,10 @@ CASES += [_c(f"F2-inv-{n}", delta=True, per_col=True, seed=160 + i, solve="inv",
 # 2026-12-04, proven; the default "blocked_inv" is "inv" and the reverse pass by sub-blocks with the same inverses,
 # transposed, which every F2 case above without a solve= runs)
 CASES += [_c(f"F2-fwd-{n}", delta=True, per_col=True, seed=170 + i, solve="fwd", **kw)
+          for i, (n, kw) in enumerate(F2_INV)]
+# ... and _pcd_blk_inv with each row of L formed in its step (inv_form="rows": FALCON_TRITON_2_INV=rows, opt-in, not yet
+# run on the GPU) under the default solve, the same four
+CASES += [_c(f"F2-invrows-{n}", delta=True, per_col=True, seed=175 + i, inv_form="rows", **kw)
           for i, (n, kw) in enumerate(F2_INV)]
 # chunk.py's backward in three kernels (_bwd_cc, _bwd_dqdx, _bwd_gate): beside the cases above, K = 80 (two key tiles
 # of 64 and a partial one's mask) and Falcon-1A with K = 128, V = 80 (two key tiles, value blocks of 64 and a masked
@@ -250,6 +255,8 @@ VARLEN += [dict(id=f"varlen-native-F{v}-C32-rowsblock", varlen=True, variant=v, 
                 rows_grid="block") for i, v in enumerate(("2A", "2"))]
 VARLEN += [dict(id=f"varlen-native-F2-C32-{sv}", varlen=True, variant="2", dtype="float32", C=32, seed=68 + i,
                 solve=sv) for i, sv in enumerate(("inv", "fwd"))]
+VARLEN.append(dict(id="varlen-native-F2-C32-invrows", varlen=True, variant="2", dtype="float32", C=32, seed=70,
+                   inv_form="rows"))
 # the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the
 # fused prep kernels' packed branch
 VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dtype="float32", C=16, prep="torch",
@@ -423,6 +430,10 @@ SWITCHES = [
     # Falcon-2's forward state pass by sub-blocks; =rows the row substitution, =blocked both passes by blocks
     (KT + "percol_delta", "SOLVE", "FALCON_TRITON_2_SOLVE", "blocked_inv", "block",
      "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd', 'blocked', 'inv' or 'blocked_inv', got 'block'"),
+    (KT + "percol_delta", "INV_FORM", "FALCON_TRITON_2_INV", "tile", "row",
+     "FALCON_TRITON_2_INV must be 'tile' or 'rows', got 'row'"),
+    (KT + "percol_delta", "INV_WARPS", "FALCON_TRITON_2_INV_WARPS", "4", "2",
+     "FALCON_TRITON_2_INV_WARPS must be '4' or '8', got '2'"),
     # ... and its solve's gradients by sub-blocks; =exact the broadcast
     (KT + "percol_delta", "BWD_SOLVE", "FALCON_TRITON_2_BWD_SOLVE", "blocked", None, None),
     # the blocked reverse pass's launch ("4,0,x32", the one proven on the H200)

@@ -191,6 +191,7 @@ if __name__ == "__main__":
     default_wl_weights = kwl.WL_WEIGHTS
     default_solve = kpdelta.SOLVE
     default_bwd_solve = kpdelta.BWD_SOLVE
+    default_inv_form = kpdelta.INV_FORM
     default_blk_bwd = kpdelta.BLK_BWD
     for c in cases:
         # what FALCON_TRITON_3A=banded / =scans sets; neither: the default (banded since 2026-12-03) or the env's
@@ -202,6 +203,7 @@ if __name__ == "__main__":
         kpair.PAIR_SUM = c.get("pair_sum", default_pair_sum)  # what FALCON_TRITON_3_PAIR_SUM sets
         kpdelta.SOLVE = c.get("solve", default_solve)  # what FALCON_TRITON_2_SOLVE sets
         kpdelta.BWD_SOLVE = c.get("bwd_solve", default_bwd_solve)  # what FALCON_TRITON_2_BWD_SOLVE sets
+        kpdelta.INV_FORM = c.get("inv_form", default_inv_form)  # what FALCON_TRITON_2_INV sets
         kpdelta.BLK_BWD = tuple(c.get("blk_bwd", default_blk_bwd))  # what FALCON_TRITON_2_BLK_BWD sets
         kcommon.STATE_BV = c.get("state_bv", default_state_bv)  # what FALCON_TRITON_STATE_BV sets
         kchunk.A_DTYPE = c.get("a_dtype", default_a_dtype)  # what FALCON_TRITON_A_DTYPE sets

@@ -60,20 +60,20 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # operands in the transposed solve only, ",f32"; memcheck clean each time), and at 8 warps fp32 read shared or local
 # memory out of range (K = 64, tile 64; K = 128, tile 16; in _bwd_solve_blocked's loop over sub-blocks, last first)
 # (kernels_2026-12-03c/-d/-e). FALCON_TRITON_2_BLK_BWD="warps,bv[,f32|,x32][,s1]" sets that launch (ours).
-# "inv" (ours, 2026-12-03, sixteenth session; interpreter-tested; on the H200 only rows 1-4 of the check sweep so
-# far): the forward pass by sub-blocks as "fwd", but the diagonal blocks' substitutions (16 dependent steps of [16,
-# BV] work, each with three cross-thread row extractions, on the sequential path) replaced by precomputed inverses:
-# _pcd_blk_inv, one program per sub-block, head and value tile (all in parallel), writes M = (I + L_aa)^{-1} per
-# column, [16, 16] per sub-block and column, in A's dtype (chunk.a_dtype: FALCON_TRITON_A_DTYPE), and the pass applies
-# it as one [16, 16, BV] multiply and sum. Why: at (1, 32768, 6, 128) the forward pass by sub-blocks took 28.0 of
-# Falcon-2's 86 ms (kernels_2026-12-03h), ~55 us a chunk on 24 programs. Cost: 16 values per token, head and column
-# (16x v's size; 0.8 GB in bf16 at (16, 2048, 12, 64)), alive during the forward state pass only. The reverse pass
-# stays by rows. First H200 numbers (one round, 50060de, kernels_2026-12-03h/call10): Falcon-2's fwd+bwd 85.7 -> 68.3
-# ms at (1, 32768, 6, 128), 27.3 -> 25.3 ms at (16, 2048, 12, 64) (the forward pass and _pcd_blk_inv 27.8 -> 10.2 and
-# 5.3 -> 3.3 ms), peak unchanged.
-# "blocked_inv" (ours, same session; interpreter-tested only): "inv" and the reverse pass by sub-blocks
-# (_pcd_bwd_state_blk, its proven launch FALCON_TRITON_2_BLK_BWD) with the same inverses, recomputed in the backward,
-# transposed: drhs_s = Σ_i M[i, s] d_i for the diagonal blocks (the reverse pass by rows took 44.7 of the 86 ms above).
+# "inv" (ours, 2026-12-03, sixteenth session; proven on the H200 2026-12-04, below): the forward pass by sub-blocks as
+# "fwd", but the diagonal blocks' substitutions (16 dependent steps of [16, BV] work, each with three cross-thread row
+# extractions, on the sequential path) replaced by precomputed inverses: _pcd_blk_inv, one program per sub-block, head
+# and value tile (all in parallel), writes M = (I + L_aa)^{-1} per column, [16, 16] per sub-block and column, in A's
+# dtype (chunk.a_dtype: FALCON_TRITON_A_DTYPE), and the pass applies it as one [16, 16, BV] multiply and sum. Why: at
+# (1, 32768, 6, 128) the forward pass by sub-blocks took 28.0 of Falcon-2's 86 ms (kernels_2026-12-03h), ~55 us a chunk
+# on 24 programs. Cost: 16 values per token, head and column (16x v's size; 0.8 GB in bf16 at (16, 2048, 12, 64)), alive
+# during the forward state pass only. The reverse pass stays by rows. First H200 numbers (one round, 50060de,
+# kernels_2026-12-03h/call10): Falcon-2's fwd+bwd 85.7 -> 68.3 ms at (1, 32768, 6, 128), 27.3 -> 25.3 ms at (16, 2048,
+# 12, 64) (the forward pass and _pcd_blk_inv 27.8 -> 10.2 and 5.3 -> 3.3 ms), peak unchanged.
+# "blocked_inv" (ours, same session; proven 2026-12-04 and the default since, below): "inv" and the reverse pass by
+# sub-blocks (_pcd_bwd_state_blk, its proven launch FALCON_TRITON_2_BLK_BWD) with the same inverses, recomputed in the
+# backward, transposed: drhs_s = Σ_i M[i, s] d_i for the diagonal blocks (the reverse pass by rows took 44.7 of the 86
+# ms above).
 # On the H200 (2026-12-04, seventeenth session, kernels_2026-12-04): "inv" and "blocked_inv" pass the whole check
 # sweep (29/29 rows each, NaN-poisoned, bf16 + fp32, varlen); in one process (2 rounds, GPU time) "inv" is 0.928 /
 # 0.797 / 0.773 / 0.962x and "blocked_inv" 0.777 / 0.581 / 0.532 / 0.865x "fwd"'s time at 16x2048x12x64,
@@ -82,6 +82,20 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "blocked_inv", ("rows", "fwd", "blocked", "inv", "blocked_inv"),
                    "Falcon-2: the state passes' per-column solves by rows, 16-row sub-blocks or precomputed block "
                    "inverses (proven: blocked_inv, inv, fwd, rows)")
+# How _pcd_blk_inv forms each row of L (ours): "tile" (the proven form: the whole strictly lower [16, 16, BV] L as one
+# register tile, exponentials of every pair at once, and row i taken out of it by a masked sum per step) or "rows"
+# (2026-12-04, seventeenth session; interpreter-tested, not yet run on the GPU: row i formed directly in step i from
+# gram's row i and u⁻_i, [16, BV] per step; no [16, 16, BV] L in registers and one masked pass over the 3-D tile per
+# step fewer; the same exponentials, 16 x [16, BV] instead of one [16, 16, BV]). Why: the H200 profile after
+# blocked_inv became the default (kernels_2026-12-04/call5) puts _pcd_blk_inv at 4.21 of Falcon-2's 21.4 ms at
+# (16, 2048, 12, 64), two launches (the forward's and the backward's recompute).
+INV_FORM = env_choice("FALCON_TRITON_2_INV", "tile", ("tile", "rows"),
+                      "Falcon-2: _pcd_blk_inv's rows of L from one [16, 16, BV] tile or formed per step (rows: "
+                      "unproven)")
+# ... and its launch's warps (ours): 4 (proven) or 8 (unproven). Offline (sm_90a, Triton 3.6, bf16, K = 64, C = 64,
+# 32-column tiles) 4 warps need 247 registers a thread with the tile, 235 with rows (2 programs, 8 warps, an SM); at 8
+# warps 134 / 125 (16 warps an SM) and 872 / 624 SASS instructions against 1360 / 984.
+INV_WARPS = env_choice("FALCON_TRITON_2_INV_WARPS", "4", ("4", "8"), "Falcon-2: _pcd_blk_inv's warps (8: unproven)")
 try:
     _blk = env_value("FALCON_TRITON_2_BLK_BWD", "4,0,x32",
                      "Falcon-2: the reverse pass by sub-blocks' launch, 'warps,bv[,f32|,x32][,s1]' (proven: 4,0,x32)"
@@ -489,12 +503,13 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
 @triton.jit
 def _pcd_blk_inv(X, ETA, G, INV, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, SBS: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF,
-                 VARLEN: tl.constexpr):
+                 VARLEN: tl.constexpr, LROWS: tl.constexpr):
     """Program (chunk·NB + a, b·H + h, value tile vb), SOLVE="inv" (ours): the inverse M = (I + L)^{-1} of sub-block
     a's diagonal block per value column, L[i, s, c] = [s < i] (x_i·x_s) e^{u⁻_{i,c} - u_{s,c}} η_{s,c} with the
     sub-block's own log-prefix (what _subst_fwd substitutes), by rows: M_i = e_i - Σ_{s<i} L[i, s] M_s (rows not
     yet formed are 0, and L[i, s] is 0 for s >= i). Stored as INV[b, t, h, s, c] = M[t - t_a, s, c] for the
-    sub-block's rows t (t_a its first row)."""
+    sub-block's rows t (t_a its first row). LROWS (FALCON_TRITON_2_INV=rows): row i of L formed in step i instead of
+    taken out of the whole [SBS, SBS, BV] L."""
     NB: tl.constexpr = C // SBS
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -521,14 +536,23 @@ def _pcd_blk_inv(X, ETA, G, INV, T, H: tl.constexpr, K: tl.constexpr, V: tl.cons
     u = tl.cumsum(g, 0)
     up = u - g
     gram = tl.dot(x, tl.trans(x), input_precision=PREC)
-    L = tl.where((j[None, :] < j[:, None])[:, :, None],
-                 gram[:, :, None] * tl.exp(tl.minimum(up[:, None, :] - u[None, :, :], 0.)) * eta[None, :, :], 0.)
     M = tl.zeros([SBS, SBS, BV], dtype=tl.float32)
-    for i in range(0, SBS):
-        sel = (j == i)[:, None, None]
-        Li = tl.sum(tl.where(sel, L, 0.), 0)  # [s, c]
-        Mi = tl.where((j == i)[:, None], 1., 0.) - tl.sum(Li[:, None, :] * M, 0)  # [s', c]: row i of M
-        M = tl.where(sel, Mi[None, :, :], M)
+    if LROWS:
+        for i in range(0, SBS):
+            sel = (j == i)[:, None, None]
+            g_i = tl.sum(tl.where((j == i)[:, None], gram, 0.), 0)  # [s]: x_i · x_s
+            up_i = tl.sum(tl.where((j == i)[:, None], up, 0.), 0)  # [c]
+            Li = tl.where((j < i)[:, None], g_i[:, None] * tl.exp(tl.minimum(up_i[None, :] - u, 0.)) * eta, 0.)
+            Mi = tl.where((j == i)[:, None], 1., 0.) - tl.sum(Li[:, None, :] * M, 0)  # [s', c]: row i of M
+            M = tl.where(sel, Mi[None, :, :], M)
+    else:
+        L = tl.where((j[None, :] < j[:, None])[:, :, None],
+                     gram[:, :, None] * tl.exp(tl.minimum(up[:, None, :] - u[None, :, :], 0.)) * eta[None, :, :], 0.)
+        for i in range(0, SBS):
+            sel = (j == i)[:, None, None]
+            Li = tl.sum(tl.where(sel, L, 0.), 0)  # [s, c]
+            Mi = tl.where((j == i)[:, None], 1., 0.) - tl.sum(Li[:, None, :] * M, 0)  # [s', c]: row i of M
+            M = tl.where(sel, Mi[None, :, :], M)
     tl.store(INV + (tok[:, None, None] * SBS + j[None, :, None]) * V + cv[None, None, :],
              M.to(INV.dtype.element_ty), mask=vm[:, None, :])
 
@@ -758,7 +782,7 @@ def block_inverses(x, eta, g, NT, C, BK, prec, va, st):
     INV = torch.empty(B, T, H, 16, V, dtype=a_dtype(x.dtype), device=x.device)
     BVi = min(32, _np2(V))
     _pcd_blk_inv[(NT * (C // 16), B * H, cdiv(V, BVi))](x, eta, g, INV, T, H, K, V, C, BK, BVi, 16, prec, *va,
-                                                       num_warps=4, **st)
+                                                       INV_FORM == "rows", num_warps=int(INV_WARPS), **st)
     return INV
 
 
