@@ -94,7 +94,10 @@ INV_FORM = env_choice("FALCON_TRITON_2_INV", "tile", ("tile", "rows"),
                       "unproven)")
 # ... and its launch's warps (ours): 4 (proven) or 8 (unproven). Offline (sm_90a, Triton 3.6, bf16, K = 64, C = 64,
 # 32-column tiles) 4 warps need 247 registers a thread with the tile, 235 with rows (2 programs, 8 warps, an SM); at 8
-# warps 134 / 125 (16 warps an SM) and 872 / 624 SASS instructions against 1360 / 984.
+# warps 134 / 125 (16 warps an SM) and 872 / 624 SASS instructions against 1360 / 984. On the H200 (2026-12-04, one
+# round contended by a check process, kernels_2026-12-04/call6) the kernel's time at (16, 2048, 12, 64) /
+# (1, 32768, 6, 128): tile, 4 warps 4.20 / 5.52 ms; tile, 8: 6.53 / 4.72; rows, 4: 5.63 / 5.83; rows, 8: 6.15 / 6.11;
+# rows 1-5 of Falcon-2's check passed with rows at 8 warps. Neither is the default.
 INV_WARPS = env_choice("FALCON_TRITON_2_INV_WARPS", "4", ("4", "8"), "Falcon-2: _pcd_blk_inv's warps (8: unproven)")
 try:
     _blk = env_value("FALCON_TRITON_2_BLK_BWD", "4,0,x32",
