@@ -206,6 +206,15 @@ CASES += [_c(f"F2-fwd-{n}", delta=True, per_col=True, seed=170 + i, solve="fwd",
 # run on the GPU) under the default solve, the same four
 CASES += [_c(f"F2-invrows-{n}", delta=True, per_col=True, seed=175 + i, inv_form="rows", **kw)
           for i, (n, kw) in enumerate(F2_INV)]
+# ... the backward reading the forward's inverses (inv_keep="save": FALCON_TRITON_2_INV_KEEP=save, opt-in, not yet run
+# on the GPU) with _pcd_bwd_solve_blk's other launches (FALCON_TRITON_2_SOLVE_BLK_WARPS, _BV: at V = 80 the 64-column
+# tile leaves a masked rest), and _pc_fwd_intra_sb's (FALCON_TRITON_2A_FWD_SB_WARPS, _BV) for Falcon-2 and -2A
+CASES += [_c(f"F2-invkeep-{n}-w{w}-bv{bv}", delta=True, per_col=True, seed=180 + i, inv_keep="save",
+             solve_blk_warps=w, solve_blk_bv=bv, **kw)
+          for i, ((n, kw), (w, bv)) in enumerate(zip(F2_INV, (("8", "32"), ("4", "64"), ("8", "64"), ("4", "32"))))]
+CASES += [_c(f"F{v}-fwdsb-w{w}-bv{bv}-fp16-C64-K48-V80", delta=v == "2", per_col=True, C=64, T=70, B=1, H=1, K=48,
+             V=80, dtype="float16", seed=185 + i, fwd_sb_warps=w, fwd_sb_bv=bv)
+          for i, (v, w, bv) in enumerate((("2", "8", "64"), ("2A", "4", "64"), ("2A", "8", "32")))]
 # chunk.py's backward in three kernels (_bwd_cc, _bwd_dqdx, _bwd_gate): beside the cases above, K = 80 (two key tiles
 # of 64 and a partial one's mask) and Falcon-1A with K = 128, V = 80 (two key tiles, value blocks of 64 and a masked
 # rest)
@@ -225,6 +234,8 @@ for delta in (True, False):
 # below (BANDED)
 COMPILE = [dict(id=f"compile-fullgraph-F{v}", compile=True, variant=v, seed=23, scans=v == "3A")
            for v in ("1", "1A", "2A", "3A")]
+# Falcon-2 with the forward's block inverses kept for the backward: the custom operator's fake saved shapes
+COMPILE.append(dict(id="compile-fullgraph-F2-invkeep", compile=True, variant="2", seed=24, inv_keep="save"))
 RECOMPUTE = [dict(id=f"recompute-F{v}", recompute=True, variant=v, seed=29) for v in ("1A", "2A")]
 API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21, scans=v == "3A")
        for v in ("1", "1A", "3A", "3", "2A", "2")]
@@ -257,6 +268,9 @@ VARLEN += [dict(id=f"varlen-native-F2-C32-{sv}", varlen=True, variant="2", dtype
                 solve=sv) for i, sv in enumerate(("inv", "fwd"))]
 VARLEN.append(dict(id="varlen-native-F2-C32-invrows", varlen=True, variant="2", dtype="float32", C=32, seed=70,
                    inv_form="rows"))
+VARLEN.append(dict(id="varlen-native-F2-C32-invkeep", varlen=True, variant="2", dtype="float32", C=32, seed=71,
+                   inv_keep="save", solve_blk_warps="4", solve_blk_bv="64", fwd_sb_warps="8",
+                   fwd_sb_bv="64"))
 # the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the
 # fused prep kernels' packed branch
 VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dtype="float32", C=16, prep="torch",
@@ -434,6 +448,16 @@ SWITCHES = [
      "FALCON_TRITON_2_INV must be 'tile' or 'rows', got 'row'"),
     (KT + "percol_delta", "INV_WARPS", "FALCON_TRITON_2_INV_WARPS", "4", "2",
      "FALCON_TRITON_2_INV_WARPS must be '4' or '8', got '2'"),
+    (KT + "percol_delta", "INV_KEEP", "FALCON_TRITON_2_INV_KEEP", "recompute", "keep",
+     "FALCON_TRITON_2_INV_KEEP must be 'recompute' or 'save', got 'keep'"),
+    (KT + "percol_delta", "SOLVE_BLK_WARPS", "FALCON_TRITON_2_SOLVE_BLK_WARPS", "8", "16",
+     "FALCON_TRITON_2_SOLVE_BLK_WARPS must be '8' or '4', got '16'"),
+    (KT + "percol_delta", "SOLVE_BLK_BV", "FALCON_TRITON_2_SOLVE_BLK_BV", "32", "16",
+     "FALCON_TRITON_2_SOLVE_BLK_BV must be '32' or '64', got '16'"),
+    (KT + "percol", "FWD_SB_WARPS", "FALCON_TRITON_2A_FWD_SB_WARPS", "4", "2",
+     "FALCON_TRITON_2A_FWD_SB_WARPS must be '4' or '8', got '2'"),
+    (KT + "percol", "FWD_SB_BV", "FALCON_TRITON_2A_FWD_SB_BV", "32", "128",
+     "FALCON_TRITON_2A_FWD_SB_BV must be '32' or '64', got '128'"),
     # ... and its solve's gradients by sub-blocks; =exact the broadcast
     (KT + "percol_delta", "BWD_SOLVE", "FALCON_TRITON_2_BWD_SOLVE", "blocked", None, None),
     # the blocked reverse pass's launch ("4,0,x32", the one proven on the H200)

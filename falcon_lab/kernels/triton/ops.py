@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from .chunk import a_dtype, chunk_backward, chunk_forward, state_dtype
 from .common import varlen_chunks
 from .percol import percol_backward, percol_forward
-from .percol_delta import percol_delta_backward, percol_delta_forward
+from .percol_delta import keeps_inv, percol_delta_backward, percol_delta_forward
 from .window_linear import window_linear_backward, window_linear_forward
 
 
@@ -114,7 +114,10 @@ def _percol_saved_shapes(with_r: bool):
         B, T, H, K = q.shape
         V = v.shape[-1]
         out = [((B, H, _chunk_slots(T, C, cu), K, V), torch.float32)]
-        return out + ([((B, T, H, V), torch.float32)] if with_r else [])
+        if not with_r:
+            return out
+        kept = ((B, T, H, 16, V), a_dtype(q.dtype)) if keeps_inv() else ((0,), torch.float32)
+        return out + [((B, T, H, V), torch.float32), kept]
     return f
 
 

@@ -54,6 +54,14 @@ INTRA = env_choice("FALCON_TRITON_2A", "blocked", ("exact", "blocked"),
 # the first) and Falcon-2's 0.956 / 0.980 / 0.971 / 0.944x; the kernel itself 3.24 -> 1.60-1.87 ms.
 FWD_GRID = env_choice("FALCON_TRITON_2A_FWD_GRID", "block", ("block", "chunk"),
                       "Falcon-2A/-2: the blocked forward term, one program per sub-block or per chunk (both proven)")
+# _pc_fwd_intra_sb's launch (ours): 4 warps and value tiles of 32 columns (the proven one), or 8 warps, or 64-column
+# tiles (interpreter-tested, not yet run on the GPU; written 2026-12-04, eighteenth session, after the H200 profile
+# put the kernel at 1.91 of Falcon-2A's 7.1 ms at (16, 2048, 12, 64): with 32-column tiles at V = 64 two programs per
+# sub-block each load the chunk's keys and form the same [16, C] dot).
+FWD_SB_WARPS = env_choice("FALCON_TRITON_2A_FWD_SB_WARPS", "4", ("4", "8"),
+                          "Falcon-2A/-2: _pc_fwd_intra_sb's warps (proven: 4)")
+FWD_SB_BV = env_choice("FALCON_TRITON_2A_FWD_SB_BV", "32", ("32", "64"),
+                       "Falcon-2A/-2: _pc_fwd_intra_sb's value tile (proven: 32)")
 # _pc_bwd_rows' value tile (ours): "32" (the default, proven) or "16" (half the [16, 16, BV] broadcast per step of its
 # value loop; written after the same profile put _pc_bwd_rows at 4.09 ms of Falcon-2A's 9.9, the largest kernel). In
 # the same process on the H200 "16" was slower at every shape (1.03-1.06x Falcon-2A's fwd+bwd; kernels_2026-12-03g),
@@ -650,8 +658,10 @@ def fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, v
     B = O.shape[0]
     BVi = min(32, _np2(V))  # the blocked term's value tile
     if INTRA == "blocked" and FWD_GRID == "block":
+        BVi = min(int(FWD_SB_BV), _np2(V))
         _pc_fwd_intra_sb[(cdiv(V, BVi), NT * (C // 16), B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, BVi,
-                                                                read_after, prec, *va, num_warps=4, **st)
+                                                                read_after, prec, *va, num_warps=int(FWD_SB_WARPS),
+                                                                **st)
     elif INTRA == "blocked":
         _pc_fwd_intra_blk[(cdiv(V, BVi), NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, BVi, read_after,
                                                      prec, *va, num_warps=8, **st)

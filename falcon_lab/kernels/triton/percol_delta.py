@@ -99,6 +99,26 @@ INV_FORM = env_choice("FALCON_TRITON_2_INV", "tile", ("tile", "rows"),
 # (1, 32768, 6, 128): tile, 4 warps 4.20 / 5.52 ms; tile, 8: 6.53 / 4.72; rows, 4: 5.63 / 5.83; rows, 8: 6.15 / 6.11;
 # rows 1-5 of Falcon-2's check passed with rows at 8 warps. Neither is the default.
 INV_WARPS = env_choice("FALCON_TRITON_2_INV_WARPS", "4", ("4", "8"), "Falcon-2: _pcd_blk_inv's warps (8: unproven)")
+# Whether the backward reuses the forward's block inverses (ours, 2026-12-04, eighteenth session; interpreter-tested,
+# not yet run on the GPU): "recompute" (the proven default: with SOLVE="blocked_inv" the backward launches
+# _pcd_blk_inv again) or "save" (the forward's INV is kept as a saved tensor and the backward reads it: one launch
+# fewer, 2.10 of Falcon-2's 21.4 ms at (16, 2048, 12, 64) in kernels_2026-12-04/call5). The same values either way
+# (the same kernel on the same inputs). Cost: INV, 16 values per token, head and column in A's dtype (0.8 GB in bf16
+# at (16, 2048, 12, 64)), alive from the forward to the backward instead of within each pass: one op's peak barely
+# moves (the backward held a recomputed INV anyway), a model's activations grow by that much per Falcon-2 layer.
+INV_KEEP = env_choice("FALCON_TRITON_2_INV_KEEP", "recompute", ("recompute", "save"),
+                      "Falcon-2: the backward recomputes the forward's block inverses or reuses them (save: unproven)")
+# _pcd_bwd_solve_blk's launch (ours): 8 warps and value tiles of 32 columns (the proven one), or 4 warps, or 64-column
+# tiles (interpreter-tested, not yet run on the GPU; written 2026-12-04, eighteenth session, after the H200 profile put
+# it at 4.65 of Falcon-2's 21.4 ms at (16, 2048, 12, 64), the largest kernel; at K = 128 the tile is at most 32).
+SOLVE_BLK_WARPS = env_choice("FALCON_TRITON_2_SOLVE_BLK_WARPS", "8", ("8", "4"),
+                             "Falcon-2: _pcd_bwd_solve_blk's warps (proven: 8)")
+SOLVE_BLK_BV = env_choice("FALCON_TRITON_2_SOLVE_BLK_BV", "32", ("32", "64"),
+                          "Falcon-2: _pcd_bwd_solve_blk's value tile (proven: 32)")
+
+def keeps_inv() -> bool:
+    """Whether the forward hands its block inverses to the backward (SOLVE="blocked_inv", INV_KEEP="save")."""
+    return SOLVE == "blocked_inv" and INV_KEEP == "save"
 try:
     _blk = env_value("FALCON_TRITON_2_BLK_BWD", "4,0,x32",
                      "Falcon-2: the reverse pass by sub-blocks' launch, 'warps,bv[,f32|,x32][,s1]' (proven: 4,0,x32)"
@@ -810,7 +830,6 @@ def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_s
     if inv:
         INV = block_inverses(x, eta, g, NT, C, BK, prec, va, st)
         _pcd_fwd_state_blk[(cdiv(V, BVs), NS * H)](*fargs, 16, INV, True, **st)
-        del INV
     elif SOLVE in ("fwd", "blocked") and C > 16:
         _pcd_fwd_state_blk[(cdiv(V, BVs), NS * H)](*fargs, 16, eta, False, **st)
     else:
@@ -820,13 +839,16 @@ def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_s
                                              prec, *va, **st)
     O = _empty((B, T, H, V), q.dtype, dev)
     fwd_intra(q, x, RR, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, va, st)
-    return O, ST, (HS, RR)
+    # the block inverses for the backward (INV_KEEP="save"), or an empty stand-in: the saved list keeps one arity
+    kept = INV if inv and keeps_inv() else torch.empty(0, dtype=f32, device=dev)
+    return O, ST, (HS, RR, kept)
 
 
 def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf32, need_ds0,
                           cu_seqlens=None):
-    """Falcon-2 core backward -> (dq, dx, dv, deta, dg, dS0 or None)."""
-    HS, RR = saved
+    """Falcon-2 core backward -> (dq, dx, dv, deta, dg, dS0 or None). saved: (HS, RR, the forward's block inverses
+    or an empty tensor)."""
+    HS, RR, kept = saved
     v_dtype = v.dtype
     B, T, H, K, V, NT, BK, BVs, BVo, BVm, wm, prec, st, dev = launch(q, RR.shape[-1], C, allow_tf32)
     va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B)
@@ -869,7 +891,13 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     bargs = (q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS, DS0 if DS0 is not None else eta,
              T, NT, H, K, V, C, BK, BVb, read_after, dST is not None, need_ds0, prec, *va)
     if rev_blk:
-        INV = block_inverses(x, eta, g, NT, C, BK, prec, va, st) if rev_inv else eta
+        if not rev_inv:
+            INV = eta
+        elif kept.numel():  # the forward's (INV_KEEP="save")
+            _check_layout(INV=(kept, (B, T, H, 16, V)))
+            INV = kept
+        else:
+            INV = block_inverses(x, eta, g, NT, C, BK, prec, va, st)
         _pcd_bwd_state_blk[(cdiv(V, BVb), NS * H)](*bargs, 16, BLK_BWD[2], _prec(torch.float32, allow_tf32, dev, K, V),
                                                    INV, rev_inv, num_warps=BLK_BWD[0],
                                                    **({**st, "num_stages": 1} if BLK_BWD[3] else st))
@@ -891,7 +919,8 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     blk = BWD_SOLVE == "blocked" and C > 16
     if blk:
         _pcd_bwd_solve_blk[(NT * (C // 16), B * H)](x, eta, g, RR, DRHS, DGR, DGU, dx32, dv, deta, T, H, K, V, C,
-                                                    BK, min(32, BVm), prec, *va, num_warps=8, **st)
+                                                    BK, min(int(SOLVE_BLK_BV), BVm), prec, *va,
+                                                    num_warps=int(SOLVE_BLK_WARPS), **st)
     _pcd_bwd_solve[(NT, B * H)](x, eta, g, HS, RR, DRHS, DGR, DGU, dx32, dx, dv, deta, dg, T, NT, H, K, V,
                                 C, BK, BVm, SB, prec, *va, not blk, num_warps=8, **st)
     return dq, dx, dv, deta, dg, DS0
