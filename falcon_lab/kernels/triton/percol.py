@@ -60,7 +60,7 @@ FWD_GRID = env_choice("FALCON_TRITON_2A_FWD_GRID", "block", ("block", "chunk"),
 # sub-block each load the chunk's keys and form the same [16, C] dot).
 FWD_SB_WARPS = env_choice("FALCON_TRITON_2A_FWD_SB_WARPS", "4", ("4", "8"),
                           "Falcon-2A/-2: _pc_fwd_intra_sb's warps (proven: 4)")
-FWD_SB_BV = env_choice("FALCON_TRITON_2A_FWD_SB_BV", "32", ("32", "64"),
+FWD_SB_BV = env_choice("FALCON_TRITON_2A_FWD_SB_BV", "64", ("32", "64"),
                        "Falcon-2A/-2: _pc_fwd_intra_sb's value tile (proven: 32)")
 # _pc_bwd_rows' value tile (ours): "32" (the default, proven) or "16" (half the [16, 16, BV] broadcast per step of its
 # value loop; written after the same profile put _pc_bwd_rows at 4.09 ms of Falcon-2A's 9.9, the largest kernel). In

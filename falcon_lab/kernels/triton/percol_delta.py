@@ -111,9 +111,9 @@ INV_KEEP = env_choice("FALCON_TRITON_2_INV_KEEP", "recompute", ("recompute", "sa
 # _pcd_bwd_solve_blk's launch (ours): 8 warps and value tiles of 32 columns (the proven one), or 4 warps, or 64-column
 # tiles (interpreter-tested, not yet run on the GPU; written 2026-12-04, eighteenth session, after the H200 profile put
 # it at 4.65 of Falcon-2's 21.4 ms at (16, 2048, 12, 64), the largest kernel; at K = 128 the tile is at most 32).
-SOLVE_BLK_WARPS = env_choice("FALCON_TRITON_2_SOLVE_BLK_WARPS", "8", ("8", "4"),
+SOLVE_BLK_WARPS = env_choice("FALCON_TRITON_2_SOLVE_BLK_WARPS", "4", ("8", "4"),
                              "Falcon-2: _pcd_bwd_solve_blk's warps (proven: 8)")
-SOLVE_BLK_BV = env_choice("FALCON_TRITON_2_SOLVE_BLK_BV", "32", ("32", "64"),
+SOLVE_BLK_BV = env_choice("FALCON_TRITON_2_SOLVE_BLK_BV", "64", ("32", "64"),
                           "Falcon-2: _pcd_bwd_solve_blk's value tile (proven: 32)")
 
 def keeps_inv() -> bool:
