@@ -206,17 +206,19 @@ CASES += [_c(f"F2-fwd-{n}", delta=True, per_col=True, seed=170 + i, solve="fwd",
 # run on the GPU) under the default solve, the same four
 CASES += [_c(f"F2-invrows-{n}", delta=True, per_col=True, seed=175 + i, inv_form="rows", **kw)
           for i, (n, kw) in enumerate(F2_INV)]
-# ... the backward reading the forward's inverses (inv_keep="save": FALCON_TRITON_2_INV_KEEP=save, opt-in, not yet run
-# on the GPU) with _pcd_bwd_solve_blk's other launches (FALCON_TRITON_2_SOLVE_BLK_WARPS, _BV: at V = 80 the 64-column
-# tile leaves a masked rest), and _pc_fwd_intra_sb's (FALCON_TRITON_2A_FWD_SB_WARPS, _BV) for Falcon-2 and -2A
+# ... the backward reading the forward's inverses (inv_keep="save": FALCON_TRITON_2_INV_KEEP=save, opt-in, proven on the
+# H200 2026-12-04) with each launch of _pcd_bwd_solve_blk (FALCON_TRITON_2_SOLVE_BLK_WARPS, _BV; 4 warps, 64 columns the
+# default since then, which every other F2 case runs: at V = 80 the 64-column tile leaves a masked rest), and
+# _pc_fwd_intra_sb's other launches (FALCON_TRITON_2A_FWD_SB_WARPS, _BV; 4 warps, 64 columns the default) for
+# Falcon-2 and -2A
 CASES += [_c(f"F2-invkeep-{n}-w{w}-bv{bv}", delta=True, per_col=True, seed=180 + i, inv_keep="save",
              solve_blk_warps=w, solve_blk_bv=bv, **kw)
           for i, ((n, kw), (w, bv)) in enumerate(zip(F2_INV, (("8", "32"), ("4", "64"), ("8", "64"), ("4", "32"))))]
 CASES += [_c(f"F{v}-fwdsb-w{w}-bv{bv}-fp16-C64-K48-V80", delta=v == "2", per_col=True, C=64, T=70, B=1, H=1, K=48,
              V=80, dtype="float16", seed=185 + i, fwd_sb_warps=w, fwd_sb_bv=bv)
-          for i, (v, w, bv) in enumerate((("2", "8", "64"), ("2A", "4", "64"), ("2A", "8", "32")))]
-# ... and _pc_bwd_rows' and _pc_bwd_cols' 64-column tiles (FALCON_TRITON_2A_ROWS_BV=64, _COLS_BV=64; opt-in, not yet run
-# on the GPU): V = 80 (a masked rest) and V = 64 (one tile), both grids of _pc_bwd_rows
+          for i, (v, w, bv) in enumerate((("2", "8", "64"), ("2A", "4", "32"), ("2A", "8", "32")))]
+# ... and _pc_bwd_rows' and _pc_bwd_cols' 64-column tiles (FALCON_TRITON_2A_ROWS_BV=64, _COLS_BV=64; opt-in, unproven,
+# no faster on the H200): V = 80 (a masked rest) and V = 64 (one tile), both grids of _pc_bwd_rows
 CASES += [_c(f"F{v}-bwd64-{rg}-fp16-C64-K48-V{V}", delta=v == "2", per_col=True, C=64, T=70, B=1, H=1, K=48, V=V,
              dtype="float16", seed=188 + i, rows_bv="64", cols_bv="64", rows_grid=rg)
           for i, (v, V, rg) in enumerate((("2A", 80, "tile"), ("2", 80, "tile"), ("2A", 64, "block")))]

@@ -54,23 +54,29 @@ INTRA = env_choice("FALCON_TRITON_2A", "blocked", ("exact", "blocked"),
 # the first) and Falcon-2's 0.956 / 0.980 / 0.971 / 0.944x; the kernel itself 3.24 -> 1.60-1.87 ms.
 FWD_GRID = env_choice("FALCON_TRITON_2A_FWD_GRID", "block", ("block", "chunk"),
                       "Falcon-2A/-2: the blocked forward term, one program per sub-block or per chunk (both proven)")
-# _pc_fwd_intra_sb's launch (ours): 4 warps and value tiles of 32 columns (the proven one), or 8 warps, or 64-column
-# tiles (interpreter-tested, not yet run on the GPU; written 2026-12-04, eighteenth session, after the H200 profile
-# put the kernel at 1.91 of Falcon-2A's 7.1 ms at (16, 2048, 12, 64): with 32-column tiles at V = 64 two programs per
-# sub-block each load the chunk's keys and form the same [16, C] dot).
+# _pc_fwd_intra_sb's launch (ours): warps and value tile. 4 warps with 32-column tiles were the proven launch until
+# 2026-12-04; in one process on the H200 (kernels_2026-12-04b/call2, eighteenth session, after the profile put the
+# kernel at 1.91 of Falcon-2A's 7.1 ms at (16, 2048, 12, 64): with 32-column tiles at V = 64 two programs per sub-block
+# each loaded the chunk's keys and formed the same [16, C] dot) 4 warps with 64-column tiles took the kernel from
+# 1.90 to 1.16 ms and Falcon-2A's fwd+bwd to 0.896 / 0.941 / 0.900 / 0.924x at (16, 2048, 12, 64), (1, 32768, 6,
+# 128), (4, 8192, 12, 64), (16, 2048, 6, 128); 8 warps were slower (1.04-1.08x with 64 columns, 1.13-1.18x with 32).
+# The default since then, proven at 8c614f9 (all 29 rows of `bench check --variants 2A` and of `--variants 2`,
+# kernels_2026-12-04b/call3-4; 8 warps with 64 columns passed the 2A sweep too, at 28242485).
 FWD_SB_WARPS = env_choice("FALCON_TRITON_2A_FWD_SB_WARPS", "4", ("4", "8"),
-                          "Falcon-2A/-2: _pc_fwd_intra_sb's warps (proven: 4)")
+                          "Falcon-2A/-2: _pc_fwd_intra_sb's warps (proven: 4; 8 with 64-column tiles)")
 FWD_SB_BV = env_choice("FALCON_TRITON_2A_FWD_SB_BV", "64", ("32", "64"),
-                       "Falcon-2A/-2: _pc_fwd_intra_sb's value tile (proven: 32)")
+                       "Falcon-2A/-2: _pc_fwd_intra_sb's value tile (both proven)")
 # _pc_bwd_rows' value tile (ours): "32" (the default, proven) or "16" (half the [16, 16, BV] broadcast per step of its
 # value loop; written after the same profile put _pc_bwd_rows at 4.09 ms of Falcon-2A's 9.9, the largest kernel). In
 # the same process on the H200 "16" was slower at every shape (1.03-1.06x Falcon-2A's fwd+bwd; kernels_2026-12-03g),
 # so it stays opt-in and unproven (interpreter-tested only).
 # "64" (2026-12-04, eighteenth session, after 64-column tiles made _pc_fwd_intra_sb 1.90 -> 1.16 ms on the H200;
-# interpreter-tested, not yet run on the GPU): one program per sub-block at V = 64, half M's scratch parts.
+# interpreter-tested, not proven): one program per sub-block at V = 64, half M's scratch parts (-96 MB peak). In one
+# process on the H200 (kernels_2026-12-04b/call5) slower: Falcon-2A 1.036-1.050x at the four shapes.
 ROWS_BV = env_choice("FALCON_TRITON_2A_ROWS_BV", "32", ("32", "16", "64"),
                      "Falcon-2A/-2: _pc_bwd_rows' value tile (16, 64: opt-in, unproven)")
-# _pc_bwd_cols' value tile (ours): "32" (proven) or "64" (the same session and reason as ROWS_BV's "64"; unproven).
+# _pc_bwd_cols' value tile (ours): "32" (proven) or "64" (the same session and reason as ROWS_BV's "64"; unproven;
+# Falcon-2A 1.002-1.014x in the same call: no gain).
 COLS_BV = env_choice("FALCON_TRITON_2A_COLS_BV", "32", ("32", "64"),
                      "Falcon-2A/-2: _pc_bwd_cols' value tile (64: opt-in, unproven)")
 # _pc_bwd_rows' grid (ours): "tile" (one program per sub-block and value tile, 4 warps, as _pc_bwd_cols; its parts of

@@ -99,22 +99,29 @@ INV_FORM = env_choice("FALCON_TRITON_2_INV", "tile", ("tile", "rows"),
 # (1, 32768, 6, 128): tile, 4 warps 4.20 / 5.52 ms; tile, 8: 6.53 / 4.72; rows, 4: 5.63 / 5.83; rows, 8: 6.15 / 6.11;
 # rows 1-5 of Falcon-2's check passed with rows at 8 warps. Neither is the default.
 INV_WARPS = env_choice("FALCON_TRITON_2_INV_WARPS", "4", ("4", "8"), "Falcon-2: _pcd_blk_inv's warps (8: unproven)")
-# Whether the backward reuses the forward's block inverses (ours, 2026-12-04, eighteenth session; interpreter-tested,
-# not yet run on the GPU): "recompute" (the proven default: with SOLVE="blocked_inv" the backward launches
-# _pcd_blk_inv again) or "save" (the forward's INV is kept as a saved tensor and the backward reads it: one launch
-# fewer, 2.10 of Falcon-2's 21.4 ms at (16, 2048, 12, 64) in kernels_2026-12-04/call5). The same values either way
-# (the same kernel on the same inputs). Cost: INV, 16 values per token, head and column in A's dtype (0.8 GB in bf16
-# at (16, 2048, 12, 64)), alive from the forward to the backward instead of within each pass: one op's peak barely
-# moves (the backward held a recomputed INV anyway), a model's activations grow by that much per Falcon-2 layer.
+# Whether the backward reuses the forward's block inverses (ours, 2026-12-04, eighteenth session): "recompute" (the
+# default: with SOLVE="blocked_inv" the backward launches _pcd_blk_inv again) or "save" (the forward's INV is kept as
+# a saved tensor and the backward reads it: one launch fewer). The same values either way (the same kernel on the
+# same inputs). Proven on the H200 (28242485: all 29 rows of `bench check --variants 2` with it) and timed in one
+# process (kernels_2026-12-04b/call2; with this launch of _pcd_bwd_solve_blk below): 0.891 / 0.956 / 0.903 / 0.896x
+# the time at (16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128) (-2.1 ms each), but the
+# op's peak +720 MB (1873 -> 2593 MB at K = 64, 2064 -> 2784 at K = 128): INV, 16 values per token, head and column
+# in A's dtype, stays alive from the forward through the whole backward (recomputed, it is freed before the
+# backward's later kernels allocate theirs), and in a model through every layer's forward. Not the default for
+# that memory; a speed-for-memory knob.
 INV_KEEP = env_choice("FALCON_TRITON_2_INV_KEEP", "recompute", ("recompute", "save"),
-                      "Falcon-2: the backward recomputes the forward's block inverses or reuses them (save: unproven)")
-# _pcd_bwd_solve_blk's launch (ours): 8 warps and value tiles of 32 columns (the proven one), or 4 warps, or 64-column
-# tiles (interpreter-tested, not yet run on the GPU; written 2026-12-04, eighteenth session, after the H200 profile put
-# it at 4.65 of Falcon-2's 21.4 ms at (16, 2048, 12, 64), the largest kernel; at K = 128 the tile is at most 32).
+                      "Falcon-2: the backward recomputes the forward's block inverses or reuses them (both proven; "
+                      "save: +16 values per token, head and column kept)")
+# _pcd_bwd_solve_blk's launch (ours): warps and value tile. 8 warps with 32-column tiles were the proven launch until
+# 2026-12-04; in one process on the H200 (kernels_2026-12-04b/call2, eighteenth session, after the profile put the
+# kernel at 4.65 of Falcon-2's 21.4 ms at (16, 2048, 12, 64)) 4 warps with 64-column tiles took Falcon-2's fwd+bwd to
+# 0.905 / 0.962 / 0.914 / 0.916x at the four shapes above (the kernel 4.65 -> ~2.6 ms at the first; 64 columns alone
+# 0.94-1.00x, 4 warps alone 0.91-0.96x; at K = 128 the tile is at most 32): the default since then, proven at 8c614f9
+# (all 29 rows of `bench check --variants 2`, kernels_2026-12-04b/call3-4). 8 warps and 32 columns stay selectable.
 SOLVE_BLK_WARPS = env_choice("FALCON_TRITON_2_SOLVE_BLK_WARPS", "4", ("8", "4"),
-                             "Falcon-2: _pcd_bwd_solve_blk's warps (proven: 8)")
+                             "Falcon-2: _pcd_bwd_solve_blk's warps (both proven)")
 SOLVE_BLK_BV = env_choice("FALCON_TRITON_2_SOLVE_BLK_BV", "64", ("32", "64"),
-                          "Falcon-2: _pcd_bwd_solve_blk's value tile (proven: 32)")
+                          "Falcon-2: _pcd_bwd_solve_blk's value tile (both proven)")
 
 def keeps_inv() -> bool:
     """Whether the forward hands its block inverses to the backward (SOLVE="blocked_inv", INV_KEEP="save")."""
