@@ -207,21 +207,19 @@ CASES += [_c(f"F2-fwd-{n}", delta=True, per_col=True, seed=170 + i, solve="fwd",
 CASES += [_c(f"F2-invrows-{n}", delta=True, per_col=True, seed=175 + i, inv_form="rows", **kw)
           for i, (n, kw) in enumerate(F2_INV)]
 # ... the backward reading the forward's inverses (inv_keep="save": FALCON_TRITON_2_INV_KEEP=save, opt-in, proven on the
-# H200 2026-12-04) with each launch of _pcd_bwd_solve_blk (FALCON_TRITON_2_SOLVE_BLK_WARPS, _BV; 4 warps, 64 columns the
-# default since then, which every other F2 case runs: at V = 80 the 64-column tile leaves a masked rest), and
-# _pc_fwd_intra_sb's other launches (FALCON_TRITON_2A_FWD_SB_WARPS, _BV; 4 warps, 64 columns the default) for
-# Falcon-2 and -2A
-CASES += [_c(f"F2-invkeep-{n}-w{w}-bv{bv}", delta=True, per_col=True, seed=180 + i, inv_keep="save",
-             solve_blk_warps=w, solve_blk_bv=bv, **kw)
-          for i, ((n, kw), (w, bv)) in enumerate(zip(F2_INV, (("8", "32"), ("4", "64"), ("8", "64"), ("4", "32"))))]
-CASES += [_c(f"F{v}-fwdsb-w{w}-bv{bv}-fp16-C64-K48-V80", delta=v == "2", per_col=True, C=64, T=70, B=1, H=1, K=48,
-             V=80, dtype="float16", seed=185 + i, fwd_sb_warps=w, fwd_sb_bv=bv)
-          for i, (v, w, bv) in enumerate((("2", "8", "64"), ("2A", "4", "32"), ("2A", "8", "32")))]
+# H200 2026-12-04) with both value tiles of _pcd_bwd_solve_blk (FALCON_TRITON_2_SOLVE_BLK_BV: 64 the default since then,
+# which every other F2 case runs; at V = 80 it leaves a masked rest), and _pc_fwd_intra_sb's former 32-column tile
+# (FALCON_TRITON_2A_FWD_SB_BV=32) for Falcon-2A. The interpreter ignores num_warps (the _WARPS switches): the tiles are
+# what these cases vary.
+CASES += [_c(f"F2-invkeep-{n}-bv{bv}", delta=True, per_col=True, seed=180 + i, inv_keep="save", solve_blk_bv=bv, **kw)
+          for i, ((n, kw), bv) in enumerate(zip([F2_INV[0], F2_INV[3]], ("32", "64")))]
+CASES.append(_c("F2A-fwdsb-bv32-fp16-C64-K48-V80", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=48, V=80,
+                dtype="float16", seed=186, fwd_sb_bv="32"))
 # ... and _pc_bwd_rows' and _pc_bwd_cols' 64-column tiles (FALCON_TRITON_2A_ROWS_BV=64, _COLS_BV=64; opt-in, unproven,
 # no faster on the H200): V = 80 (a masked rest) and V = 64 (one tile), both grids of _pc_bwd_rows
-CASES += [_c(f"F{v}-bwd64-{rg}-fp16-C64-K48-V{V}", delta=v == "2", per_col=True, C=64, T=70, B=1, H=1, K=48, V=V,
+CASES += [_c(f"F2A-bwd64-{rg}-fp16-C64-K48-V{V}", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=48, V=V,
              dtype="float16", seed=188 + i, rows_bv="64", cols_bv="64", rows_grid=rg)
-          for i, (v, V, rg) in enumerate((("2A", 80, "tile"), ("2", 80, "tile"), ("2A", 64, "block")))]
+          for i, (V, rg) in enumerate(((80, "tile"), (64, "block")))]
 # chunk.py's backward in three kernels (_bwd_cc, _bwd_dqdx, _bwd_gate): beside the cases above, K = 80 (two key tiles
 # of 64 and a partial one's mask) and Falcon-1A with K = 128, V = 80 (two key tiles, value blocks of 64 and a masked
 # rest)
@@ -262,6 +260,12 @@ VARLEN += [dict(id=f"varlen-native-F{v}-{dt}-C{C}-{rd}", varlen=True, variant=v,
 VARLEN += [dict(id=f"varlen-native-F3A-{dt}-C{C}-{rd}", varlen=True, variant="3A", dtype=dt, C=C, read=rd,
                 shift=(rd == "after"), seed=80 + i)
            for i, (dt, C, rd) in enumerate([("float32", 16, "after"), ("float32", 32, "before"), ("float16", 64, "after")])]
+# ... and on the banded scan's packed form (FALCON_TRITON_3A_PACKED=banded, opt-in, not yet run on the GPU; the lengths
+# 1, C-1, C, C+1, 3C+5 leave two empty chunk slots in the plan)
+VARLEN += [dict(id=f"varlen-native-F3A-banded-{dt}-C{C}-{rd}", varlen=True, variant="3A", dtype=dt, C=C, read=rd,
+                shift=(rd == "after"), seed=84 + i, banded=True, packed3a="banded")
+           for i, (dt, C, rd) in enumerate([("float32", 16, "after"), ("float32", 32, "before"),
+                                            ("float16", 64, "after")])]
 # Falcon-3 (window 4) on its host expansion of the packed pair stream: sequence s's pseudo-tokens from cu[s]·W
 VARLEN += [dict(id=f"varlen-native-F3-{dt}-C{C}-{rd}", varlen=True, variant="3", dtype=dt, C=C, read=rd,
                 shift=(rd == "after"), seed=90 + i)
@@ -276,8 +280,7 @@ VARLEN += [dict(id=f"varlen-native-F2-C32-{sv}", varlen=True, variant="2", dtype
 VARLEN.append(dict(id="varlen-native-F2-C32-invrows", varlen=True, variant="2", dtype="float32", C=32, seed=70,
                    inv_form="rows"))
 VARLEN.append(dict(id="varlen-native-F2-C32-invkeep", varlen=True, variant="2", dtype="float32", C=32, seed=71,
-                   inv_keep="save", solve_blk_warps="4", solve_blk_bv="64", fwd_sb_warps="8",
-                   fwd_sb_bv="64"))
+                   inv_keep="save"))
 # the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the
 # fused prep kernels' packed branch
 VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dtype="float32", C=16, prep="torch",
@@ -287,7 +290,8 @@ VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dty
 # the public op (ragged cu_seqlens, continuation) and a compiled block with Falcon-3A on the banded scan, the default
 # since 2026-12-03 (FALCON_TRITON_3A=banded, set for the case so that the environment cannot change it)
 BANDED = [dict(API[2], id="api-varlen-continuation-F3A-banded", banded=True, scans=False),
-          dict(COMPILE[3], id="compile-fullgraph-F3A-banded", banded=True, scans=False)]
+          dict(COMPILE[3], id="compile-fullgraph-F3A-banded", banded=True, scans=False),
+          dict(API[2], id="api-varlen-continuation-F3A-banded-packed", banded=True, scans=False, packed3a="banded")]
 
 
 @pytest.fixture(scope="module")
@@ -315,7 +319,7 @@ def test_banded_falcon_3a_through_the_public_op_and_compile(results):
 
     if "FALCON_TRITON_3A" not in os.environ:
         assert kt._FALCON_3A == "banded", "the banded scan is the default since the H200 proved it (2026-12-03)"
-    api, comp = (results.get(c["id"]) for c in BANDED)
+    api, comp = (results.get(c["id"]) for c in BANDED[:2])
     assert api is not None and "error" not in api, api
     assert api["res"]["window_linear_calls"] > 0, api  # the banded kernel did run (the continuation's calls)
     for k, e in api["res"].items():
@@ -323,6 +327,21 @@ def test_banded_falcon_3a_through_the_public_op_and_compile(results):
             assert e <= 2e-5, f"{k} relative error {e:.3e}"
     assert comp is not None and "error" not in comp, comp
     assert comp["res"]["max_abs_diff"] <= 1e-6, comp
+
+
+def test_banded_falcon_3a_packed_through_the_public_op(results):
+    """With FALCON_TRITON_3A_PACKED=banded (opt-in) the packed call takes the banded scan too (one more forward call of
+    it than with the default, where the packed call runs the W scans), against the float64 recurrence."""
+    import falcon_lab.kernels.triton as kt
+
+    if "FALCON_TRITON_3A_PACKED" not in os.environ:
+        assert kt._FALCON_3A_PACKED == "scans", "the W scans stay the packed default until the H200 proves the banded"
+    base, packed = results.get(BANDED[0]["id"]), results.get(BANDED[2]["id"])
+    assert packed is not None and "error" not in packed, packed
+    assert packed["res"]["window_linear_calls"] == base["res"]["window_linear_calls"] + 1, (base, packed)
+    for k, e in packed["res"].items():
+        if k != "window_linear_calls":
+            assert e <= 2e-5, f"{k} relative error {e:.3e}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
@@ -436,6 +455,8 @@ SWITCHES = [
     # the banded 3A's backward value block
     (KT + "window_linear", "WL_BWD_BV", "FALCON_TRITON_3A_BWD_BV", "32", "48",
      "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),
+    (KT[:-1], "_FALCON_3A_PACKED", "FALCON_TRITON_3A_PACKED", "scans", "band",
+     "FALCON_TRITON_3A_PACKED must be 'scans' or 'banded', got 'band'"),
     (KT + "window_linear", "WL_WEIGHTS", "FALCON_TRITON_3A_WEIGHTS", "band", "bands",
      "FALCON_TRITON_3A_WEIGHTS must be 'shifted' or 'band', got 'bands'"),
     (KT + "window_linear", "WL_CHUNK", "FALCON_TRITON_3A_CHUNK", "64", "16",

@@ -178,6 +178,7 @@ if __name__ == "__main__":
 
     cases = json.loads(sys.argv[1])
     default_3a = kt._FALCON_3A
+    default_packed3a = kt._FALCON_3A_PACKED
     default_a_dtype = kchunk.A_DTYPE
     default_dq_sum = kchunk.DQ_SUM
     default_state_dtype = kchunk.STATE_DTYPE
@@ -200,6 +201,7 @@ if __name__ == "__main__":
     for c in cases:
         # what FALCON_TRITON_3A=banded / =scans sets; neither: the default (banded since 2026-12-03) or the env's
         kt._FALCON_3A = "banded" if c.get("banded") else "scans" if c.get("scans") else default_3a
+        kt._FALCON_3A_PACKED = c.get("packed3a", default_packed3a)  # what FALCON_TRITON_3A_PACKED sets
         kpercol.INTRA = c.get("intra", default_intra)  # what FALCON_TRITON_2A sets
         kpercol.FWD_GRID = c.get("fwd_grid", default_fwd_grid)  # what FALCON_TRITON_2A_FWD_GRID sets
         kpercol.ROWS_BV = c.get("rows_bv", default_rows_bv)  # what FALCON_TRITON_2A_ROWS_BV sets

@@ -205,8 +205,12 @@ def check_varlen(*, variant, dtype, K, seed=0, dev="cuda", C=64, read="after", s
     for n, a, b in zip(names, gk, gref):
         if b is not None and (shift or n != "last_k"):  # without the shift the carried key is unused
             res["d" + n] = rel_err(a, b)
-    # the forward's and the backward's chunk plans: W scans for 3A, one expansion for Falcon-3
-    res["native"] = float(calls[0] == 2 * (W if W > 1 and not spec.delta else 1))
+    # the forward's and the backward's chunk plans: W scans for 3A (one banded scan with
+    # FALCON_TRITON_3A_PACKED=banded), one expansion for Falcon-3
+    from falcon_lab.kernels.triton import _banded_3a
+
+    scans = W > 1 and not spec.delta and not _banded_3a(W, None, True)
+    res["native"] = float(calls[0] == 2 * (W if scans else 1))
     return res
 
 

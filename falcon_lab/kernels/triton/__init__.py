@@ -43,9 +43,10 @@ What runs where (docs/kernels-triton.md):
     kernels read the packed batch (VARLEN branches in chunk.py, percol.py, percol_delta.py, and in the window-1 fused
     prep, prep.py; windowed variants' pair stream packs each sequence's W-1 carried rows before its pairs; Falcon-3's
     pseudo-tokens of sequence s start at cu[s]·W), no padding to [N, T_max]; interpreter-tested against float64 and
-    proven on the H200 (bf16 and fp32, C = 16 and 64; Falcon-3's since 2026-12-03); the banded Falcon-3A has no
-    packed form, so a packed Falcon-3A call runs the W scans natively under either FALCON_TRITON_3A, and a packed
-    Falcon-3 call its expansion under either FALCON_TRITON_3; FALCON_TRITON_VARLEN=pad pads every variant;
+    proven on the H200 (bf16 and fp32, C = 16 and 64; Falcon-3's since 2026-12-03); a packed Falcon-3A call runs
+    the W scans natively under either FALCON_TRITON_3A unless FALCON_TRITON_3A_PACKED=banded (the banded scan's
+    packed form, 2026-12-04: interpreter-tested, not yet run on the GPU), and a packed Falcon-3 call its expansion
+    under either FALCON_TRITON_3; FALCON_TRITON_VARLEN=pad pads every variant;
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
 before triton is first imported (the tests start a subprocess for that).
 """
@@ -93,6 +94,14 @@ _TF32 = env_choice("FALCON_TRITON_TF32", "0", ("0", "1"),
 # banded kernel's 16 run the scans either way. Ours; `core(fused_window=)` overrides it per call.
 _FALCON_3A = env_choice("FALCON_TRITON_3A", "banded", ("scans", "banded"),
                         "Falcon-3A: one banded scan or W Falcon-1A scans (both proven)")
+# Falcon-3A's packed calls (cu_seqlens; ours, 2026-12-04, eighteenth session): "scans" (the W Falcon-1A scans read the
+# packed batch, proven on the H200: PROVEN_VARLEN) or "banded" (the one banded scan reads it: window_linear.py's
+# VARLEN branches, each sequence's steps, pairs and chunk slots from the packed plan; interpreter-tested against
+# float64, not yet run on the GPU, so on CUDA only with FALCON_TRITON_UNPROVEN=1). Why: a packed Falcon-3A call costs
+# W Falcon-1A scans (4.1-4.4x Falcon-1A unpacked in the full run of 8c614f9) where the banded scan costs 1.5-2.2x.
+_FALCON_3A_PACKED = env_choice("FALCON_TRITON_3A_PACKED", "scans", ("scans", "banded"),
+                               "Falcon-3A's packed calls: the W scans or the one banded scan (banded: unproven)")
+PROVEN_3A_PACKED = False  # the banded scan's packed form on the H200
 # Falcon-3: "gather" (the chunk kernels read the T·W pseudo-tokens in place from q, η, log γ and the pair stream: no
 # expanded copies of the inputs, outputs or their gradients; the default for unpacked calls since 2026-12-03,
 # fourteenth session: every row of `bench check --variants 3` it implements passed on the H200 with the split
@@ -167,13 +176,14 @@ def varlen_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") ->
     """(whether a Triton-backend call with cu_seqlens runs the packed batch natively, why); else it is padded."""
     if _VARLEN != "native":
         return False, "FALCON_TRITON_VARLEN=pad"
-    # Falcon-3A: the banded kernel (FALCON_TRITON_3A=banded, the default) has no packed form, so `core` runs a packed
-    # call as the W scans, natively (proven: "3A" in PROVEN_VARLEN); only the unpacked calls take the banded scan
+    # Falcon-3A: `core` runs a packed call as the W scans, natively (proven: "3A" in PROVEN_VARLEN), unless
+    # FALCON_TRITON_3A_PACKED=banded (the banded scan's packed form: unproven, on CUDA behind FALCON_TRITON_UNPROVEN)
     if device_type == "cuda" and not (spec.variant in PROVEN_VARLEN or _unproven_enabled()):
         return False, (f"the native packed-sequence kernels of {spec.label} are not proven on the H200 "
                        "(FALCON_TRITON_UNPROVEN=1 runs them anyway)")
     if spec.window(window) != 1 and not spec.delta:
-        return True, "native packed sequences (chunk kernels read cu_seqlens; Falcon-3A as its W scans)"
+        how = "its banded scan" if _banded_3a(spec.window(window), None, True) else "its W scans"
+        return True, f"native packed sequences (chunk kernels read cu_seqlens; Falcon-3A as {how})"
     if spec.window(window) != 1:  # the in-place pseudo-tokens (FALCON_TRITON_3=gather) have no packed form
         return True, "native packed sequences (chunk kernels read cu_seqlens; Falcon-3 on its host expansion)"
     return True, "native packed sequences (chunk kernels read cu_seqlens)"
@@ -255,14 +265,14 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
          fused_window: Optional[bool] = None, cu_seqlens: Optional[torch.Tensor] = None):
     """The Falcon core on Triton (shapes and semantics in docs/kernel-contract.md).
 
-    cu_seqlens ([N+1] token offsets; B = 1; window 1, or window W > 1 (Falcon-3A's W scans, Falcon-3's expansion)
-    with xw / vw the packed pair stream of T + N (W - 1) rows, each sequence's W - 1 carried rows before its pairs):
-    the packed sequences run natively, each from its own S0 row (S0 and the returned S_T are [N, H, K, V]); no
-    padding.
+    cu_seqlens ([N+1] token offsets; B = 1; window 1, or window W > 1 (Falcon-3A's W scans or its banded scan,
+    Falcon-3's expansion) with xw / vw the packed pair stream of T + N (W - 1) rows, each sequence's W - 1 carried
+    rows before its pairs): the packed sequences run natively, each from its own S0 row (S0 and the returned S_T are
+    [N, H, K, V]); no padding.
 
     fused_window: the window inside the kernels: Falcon-3A (window > 1, no delta) in one banded scan (True) or as W
     Falcon-1A scans (False), None following FALCON_TRITON_3A (default "banded" since 2026-12-03, proven on the H200;
-    with cu_seqlens, or a window above 16, None runs the scans);
+    a window above 16 runs the scans; with cu_seqlens, FALCON_TRITON_3A_PACKED decides, default the scans);
     Falcon-3 with its pseudo-tokens read in place (True) or expanded on the host (False), None following
     FALCON_TRITON_3 (default "gather" since 2026-12-03, proven on the H200; with cu_seqlens the expansion).
 
@@ -301,10 +311,11 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     if per_column and W > 1:
         raise NotImplementedError(f"backend='triton' has no chunk kernel for per-column gates with window={W}; "
                                   "use backend='torch'")
-    if cu_seqlens is not None and ((W != 1 and fused_window) or B != 1):
+    if cu_seqlens is not None and ((W != 1 and fused_window and (delta or W > WINDOW_LINEAR_MAX_W)) or B != 1):
         raise NotImplementedError("backend='triton' runs packed sequences (cu_seqlens) natively with B = 1 for "
-                                  "Falcon-1, -1A, -2, -2A, the Falcon-3A scans and Falcon-3's expansion, got "
-                                  f"window={W}, delta={delta}, fused_window={fused_window}, B={B}")
+                                  "Falcon-1, -1A, -2, -2A, Falcon-3A (its W scans, or its banded scan up to window "
+                                  f"{WINDOW_LINEAR_MAX_W}) and Falcon-3's expansion, got window={W}, delta={delta}, "
+                                  f"fused_window={fused_window}, B={B}")
     spec = FalconSpec.from_flags(delta=delta, per_column=per_column, windowed=W > 1)
     ok, why = check(spec, window=W, T=T, grad=grad, device_type=q.device.type)
     if not ok:
@@ -336,10 +347,13 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
         # a copy of the every-W-th rows, so that the W-fold o_e is freed after the forward instead of living as the
         # returned view's storage until the backward (ours: 201 -> 50 MB kept at (16, 2048, 12, 64) bf16, W = 4)
         return o_e.view(B, T, W, H, V)[:, :, 0].contiguous(), s
-    if cu_seqlens is None and (fused_window if fused_window is not None else
-                               _FALCON_3A == "banded" and W <= WINDOW_LINEAR_MAX_W):
+    if _banded_3a(W, fused_window, cu_seqlens is not None):
+        if cu_seqlens is not None and q.device.type == "cuda" and not (PROVEN_3A_PACKED or _unproven_enabled()):
+            raise RuntimeError("Falcon-3A's banded scan on packed sequences (FALCON_TRITON_3A_PACKED=banded, or "
+                               "fused_window=True with cu_seqlens) is not proven on the H200; it runs on CUDA only "
+                               "with FALCON_TRITON_UNPROVEN=1 (the default, FALCON_TRITON_3A_PACKED=scans, is proven)")
         C = window_chunk_for(q.shape[-1], chunk_size)  # K = 128, C = 64 failed on the H200 (window_linear.py)
-        return chunk_core(q, xw, vw, eta, g, S0, "window_linear", (read_after, C, W, tf32))
+        return chunk_core(q, xw, vw, eta, g, S0, "window_linear", (read_after, C, W, tf32), cu_seqlens)
     # Falcon-3A: S = Σ_m S^(m), scan m writes the pairs W-1-m rows back (falcon-math.md §4.1).
     o_sum, s_sum = None, None
     for m in range(W):
@@ -348,6 +362,14 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
         o_sum = o_m if o_sum is None else o_sum + o_m
         s_sum = s_m if s_sum is None else s_sum + s_m
     return o_sum.to(q.dtype), s_sum
+
+
+def _banded_3a(W: int, fused_window: Optional[bool], packed: bool) -> bool:
+    """Whether a Falcon-3A call (window W > 1, no delta) runs the one banded scan: fused_window if given, else
+    FALCON_TRITON_3A (and, for packed calls, FALCON_TRITON_3A_PACKED) with W within the kernel's tile."""
+    if fused_window is not None:
+        return fused_window
+    return _FALCON_3A == "banded" and W <= WINDOW_LINEAR_MAX_W and (not packed or _FALCON_3A_PACKED == "banded")
 
 
 def _expand_window(q, xw, vw, eta, g, W: int, cu_seqlens: Optional[torch.Tensor] = None):

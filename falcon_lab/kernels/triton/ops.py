@@ -86,11 +86,6 @@ def _scalar_saved_shapes(q, x, v, cfg, cu=None):
 
 
 # percol / percol_delta cfg: [read_after, C, allow_tf32]
-def _no_varlen(cu):
-    if cu is not None:
-        raise NotImplementedError("packed sequences (cu_seqlens) run natively with window 1 only")
-
-
 def _percol_fwd(fwd):
     def f(q, x, v, eta, g, S0, cfg, cu=None):
         read_after, C, tf32 = cfg
@@ -123,22 +118,21 @@ def _percol_saved_shapes(with_r: bool):
 
 # window_linear cfg: [read_after, C, W, allow_tf32] (Falcon-3A in one scan)
 def _wl_fwd(q, x, v, eta, g, S0, cfg, cu=None):
-    _no_varlen(cu)
     read_after, C, W, tf32 = cfg
     O, ST, saved = window_linear_forward(q, x, v, eta, g, S0, read_after=bool(read_after), C=C, W=W,
-                                         allow_tf32=bool(tf32))
+                                         allow_tf32=bool(tf32), cu_seqlens=cu)
     return [O, ST, *saved]
 
 
 def _wl_bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0, cu=None):
     read_after, C, W, tf32 = cfg
     return window_linear_backward(q, x, v, eta, g, tuple(saved), dO, dST, read_after=bool(read_after), C=C, W=W,
-                                  allow_tf32=bool(tf32), need_ds0=need_ds0)
+                                  allow_tf32=bool(tf32), need_ds0=need_ds0, cu_seqlens=cu)
 
 
 def _wl_saved_shapes(q, x, v, cfg, cu=None):
     B, T, H, K = q.shape
-    return [((B, H, _cdiv(T, cfg[1]), K, v.shape[-1]), torch.float32)]
+    return [((B, H, _chunk_slots(T, cfg[1], cu), K, v.shape[-1]), torch.float32)]
 
 
 _FAMILIES = {

@@ -47,7 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _empty, _np2, _prec, _stages, _state_get, _state_init, _state_put, _state_tile, cdiv
+from .common import (_empty, _np2, _prec, _stages, _state_get, _state_init, _state_put, _state_tile, _varlen_chunk,
+                     _varlen_seq, cdiv, varlen_args)
 from .host import env_choice
 
 BW = 16  # the carried-pairs tile (W - 1 <= 15 rows used)
@@ -95,6 +96,14 @@ WL_CHUNK = env_choice("FALCON_TRITON_3A_CHUNK", "64", ("64", "32"),
 # 4x8192x12x64, 16x2048x6x128, peak unchanged: the default since then ("shifted" kept as the opt-out).
 WL_WEIGHTS = env_choice("FALCON_TRITON_3A_WEIGHTS", "band", ("shifted", "band"),
                         "Falcon-3A banded: the forward state pass's weights by band sums or shifted loads")
+
+
+@triton.jit
+def _packed_seq(CU, s, W: tl.constexpr):
+    """Packed sequences (ours): sequence s's first step row in the step stream and first row in the pair stream,
+    where each sequence's W - 1 carried rows stand before its pairs (kernel-contract.md), as int64."""
+    bos = tl.load(CU + s).to(tl.int64)
+    return bos, bos + s.to(tl.int64) * (W - 1)
 
 
 @triton.jit
@@ -206,7 +215,10 @@ def _state_weights(G, ETA, b, h, n, i, c, g, eta, u, uC, T, H: tl.constexpr, C: 
 @triton.jit
 def _wl_fwd_state(XW, VW, ETA, G, S0, HS, ST, T, XT, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   C: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BWc: tl.constexpr,
-                  HAS_S0: tl.constexpr, PREC: tl.constexpr, BANDW: tl.constexpr):
+                  HAS_S0: tl.constexpr, PREC: tl.constexpr, BANDW: tl.constexpr, CU, CIDX, COFF,
+                  VARLEN: tl.constexpr):
+    """Sequential over chunks per (value tile, b·H + h). VARLEN (packed sequences, ours): b is the sequence, its
+    steps, pairs and chunk slots found from CU / COFF (common.varlen), its state rows S0[b], ST[b]."""
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -216,8 +228,21 @@ def _wl_fwd_state(XW, VW, ETA, G, S0, HS, ST, T, XT, NT, H: tl.constexpr, K: tl.
     ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
     S = _state_init(S0, bh64, soff, smask, HAS_S0, K, V, BK, BV)
-    for n in range(0, NT):
-        _state_put(HS, S, bh64, n, NT, soff, smask, K, V)
+    if VARLEN:
+        _bos, T, NL, coff = _varlen_seq(CU, COFF, b, C)
+        bos, pbos = _packed_seq(CU, b, W)
+        ETA += bos * H
+        G += bos * H
+        XW += pbos * H * K
+        VW += pbos * H * V
+        HS += coff * K * V
+        hs = h.to(tl.int64)
+        b = 0
+    else:
+        NL = NT
+        hs = bh64
+    for n in range(0, NL):
+        _state_put(HS, S, hs, n, NT, soff, smask, K, V)
         rmask, tok, g, u, ur = _chunk_vecs(G, b, h, n, i, T, H, C, True)
         eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
         uC = tl.sum(g, 0)
@@ -235,12 +260,24 @@ def _wl_fwd_state(XW, VW, ETA, G, S0, HS, ST, T, XT, NT, H: tl.constexpr, K: tl.
 @triton.jit
 def _wl_fwd_out(Q, XW, VW, ETA, G, HS, O, T, XT, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 C: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BWc: tl.constexpr,
-                READ_AFTER: tl.constexpr, PREC: tl.constexpr):
+                READ_AFTER: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+    """Per (value tile, chunk, b·H + h). VARLEN: the chunk axis walks the packed plan's slots (an empty slot reads
+    sequence 0's first chunk with every step masked and writes nothing)."""
     vb = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
+    if VARLEN:
+        sq, n, _bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
+        bos, pbos = _packed_seq(CU, sq, W)
+        Q += bos * H * K
+        ETA += bos * H
+        G += bos * H
+        O += bos * H * V
+        XW += pbos * H * K
+        VW += pbos * H * V
+        HS += coff * K * V
     i = tl.arange(0, C)
     c = tl.arange(0, BWc)
     ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
@@ -263,8 +300,10 @@ def _wl_fwd_out(Q, XW, VW, ETA, G, HS, O, T, XT, NT, H: tl.constexpr, K: tl.cons
 @triton.jit
 def _wl_bwd_state(Q, G, DO, DST, DHS, DS0, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr,
-                  HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr, PREC: tl.constexpr):
-    """DHS[n] = dL/dS at the END of chunk n; S's only other reader is the read-out e^{ur} qᵀ S."""
+                  HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr, PREC: tl.constexpr, CU, COFF,
+                  VARLEN: tl.constexpr):
+    """DHS[n] = dL/dS at the END of chunk n; S's only other reader is the read-out e^{ur} qᵀ S. VARLEN as in
+    _wl_fwd_state."""
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -273,9 +312,20 @@ def _wl_bwd_state(Q, G, DO, DST, DHS, DS0, T, NT, H: tl.constexpr, K: tl.constex
     ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
     dH = _state_init(DST, bh64, soff, smask, HAS_DST, K, V, BK, BV)
-    for nn in range(0, NT):
-        n = NT - 1 - nn
-        _state_put(DHS, dH, bh64, n, NT, soff, smask, K, V)
+    if VARLEN:
+        bos, T, NL, coff = _varlen_seq(CU, COFF, b, C)
+        Q += bos * H * K
+        G += bos * H
+        DO += bos * H * V
+        DHS += coff * K * V
+        hs = h.to(tl.int64)
+        b = 0
+    else:
+        NL = NT
+        hs = bh64
+    for nn in range(0, NL):
+        n = NL - 1 - nn
+        _state_put(DHS, dH, hs, n, NT, soff, smask, K, V)
         rmask, tok, g, u, ur = _chunk_vecs(G, b, h, n, i, T, H, C, READ_AFTER)
         q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
         do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=rmask[:, None] & vmask[None, :], other=0.)
@@ -296,12 +346,29 @@ def _wl_store_dqdx(DQ, DX, DXC, tok, otok, cbase, c, ck, km, ckm, dq, dxo, dxc, 
 def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG, T, XT, NT,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, BWc: tl.constexpr, READ_AFTER: tl.constexpr,
-                 PREC: tl.constexpr):
-    """The banded scan's backward per chunk: dv, dη, d log γ, dq, dx."""
+                 PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+    """The banded scan's backward per chunk: dv, dη, d log γ, dq, dx. VARLEN as in _wl_fwd_out: per-chunk buffers
+    (HS, DHS, the carried rows' DXC / DVC) by the program's slot; an empty slot writes nothing (its carried rows
+    masked too: its slot's DXC rows are never read, but it would store what it read from unwritten HS / DHS)."""
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
+    slot = n
+    if VARLEN:
+        sq, n, _bos, T, _coff = _varlen_chunk(CU, CIDX, COFF, slot)
+        bos, pbos = _packed_seq(CU, sq, W)
+        Q += bos * H * K
+        ETA += bos * H
+        G += bos * H
+        DO += bos * H * V
+        DQ += bos * H * K
+        DETA += bos * H
+        DG += bos * H
+        XW += pbos * H * K
+        VW += pbos * H * V
+        DX += pbos * H * K
+        DV += pbos * H * V
     i = tl.arange(0, C)
     c = tl.arange(0, BWc)
     ck = tl.arange(0, BK)
@@ -310,6 +377,8 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
     eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
     uC = tl.sum(g, 0)
     otok, ctok, cm = _pair_rows(b, h, n, i, c, XT, H, C, W)
+    if VARLEN:
+        cm = cm & (c * 0 + T > 0)
     km = rmask[:, None] & kmask[None, :]
     ckm = cm[:, None] & kmask[None, :]
     q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=km, other=0.)
@@ -332,8 +401,8 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
     dmc = tl.zeros([BWc], dtype=tl.float32)
     d_ur = tl.zeros([C], dtype=tl.float32)
     duC = tl.sum(tl.zeros([C], dtype=tl.float32), 0)
-    hbase = (bh.to(tl.int64) * NT + n) * K * V
-    cbase = (bh.to(tl.int64) * NT + n) * BWc
+    hbase = (bh.to(tl.int64) * NT + slot) * K * V
+    cbase = (bh.to(tl.int64) * NT + slot) * BWc
     for vb in range(0, tl.cdiv(V, BV)):
         cv = vb * BV + tl.arange(0, BV)
         vmask = cv < V
@@ -438,45 +507,50 @@ def _tiles(K: int, V: int):
     return BK, min(64 if BK <= 64 else 32, _np2(V))
 
 
-def window_linear_forward(q, xw, vw, eta, g, S0, *, read_after, C, W, allow_tf32=False):
-    """-> (O [B, T, H, V] in q's dtype, S_T [B, H, K, V] fp32, (HS,)): Falcon-3A's core in one scan."""
+def window_linear_forward(q, xw, vw, eta, g, S0, *, read_after, C, W, allow_tf32=False, cu_seqlens=None):
+    """-> (O [B, T, H, V] in q's dtype, S_T [B, H, K, V] fp32, (HS,)): Falcon-3A's core in one scan. cu_seqlens
+    (B = 1; ours, FALCON_TRITON_3A_PACKED=banded): the packed sequences run natively, xw / vw the packed pair stream
+    of T + N (W - 1) rows (each sequence's W - 1 carried rows before its pairs); S0 and S_T have one row per
+    sequence."""
     if not 2 <= W <= BW:
         raise ValueError(f"the fused window kernel takes 2 <= W <= {BW}, got {W}")
     B, T, H, K = q.shape
     XT = xw.shape[1]
     V = vw.shape[-1]
-    NT = cdiv(T, C)
+    va, NT, NS = varlen_args(cu_seqlens, q, T, C, cdiv(T, C), B)
     BK, BV = _tiles(K, V)
     prec = _prec(q.dtype, allow_tf32, q.device, K, V)
     st = _stages(q.dtype)
     HS = torch.empty(B, H, NT, K, V, dtype=torch.float32, device=q.device)
-    ST = _empty((B, H, K, V), torch.float32, q.device)
-    _wl_fwd_state[(cdiv(V, BV), B * H)](xw, vw, eta, g, S0 if S0 is not None else eta, HS, ST, T, XT, NT,
-                                               H, K, V, C, W, BK, BV, BW, S0 is not None, prec,
-                                               WL_WEIGHTS == "band", **st)
+    ST = _empty((NS, H, K, V), torch.float32, q.device)
+    cu, cidx, coff, varlen = va
+    _wl_fwd_state[(cdiv(V, BV), NS * H)](xw, vw, eta, g, S0 if S0 is not None else eta, HS, ST, T, XT, NT,
+                                         H, K, V, C, W, BK, BV, BW, S0 is not None, prec,
+                                         WL_WEIGHTS == "band", cu, cidx, coff, varlen, **st)
     O = _empty((B, T, H, V), q.dtype, q.device)
     _wl_fwd_out[(cdiv(V, BV), NT, B * H)](q, xw, vw, eta, g, HS, O, T, XT, NT, H, K, V, C, W, BK, BV, BW,
-                                                 read_after, prec, **st)
+                                          read_after, prec, cu, cidx, coff, varlen, **st)
     return O, ST, (HS,)
 
 
 def window_linear_backward(q, xw, vw, eta, g, saved, dO, dST, *, read_after, C, W, allow_tf32=False,
-                           need_ds0=True):
+                           need_ds0=True, cu_seqlens=None):
     (HS,) = saved
     B, T, H, K = q.shape
     XT = xw.shape[1]
     V = vw.shape[-1]
-    NT = cdiv(T, C)
+    va, NT, NS = varlen_args(cu_seqlens, q, T, C, cdiv(T, C), B)
+    cu, cidx, coff, varlen = va
     BK, BV = _tiles(K, V)
     dev = q.device
     prec = _prec(q.dtype, allow_tf32, dev, K, V)
     st = _stages(q.dtype)
     f32 = torch.float32
     DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
-    DS0 = _empty((B, H, K, V), f32, dev) if need_ds0 else None
-    _wl_bwd_state[(cdiv(V, BV), B * H)](q, g, dO, dST if dST is not None else eta, DHS,
-                                               DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BV,
-                                               read_after, dST is not None, need_ds0, prec, **st)
+    DS0 = _empty((NS, H, K, V), f32, dev) if need_ds0 else None
+    _wl_bwd_state[(cdiv(V, BV), NS * H)](q, g, dO, dST if dST is not None else eta, DHS,
+                                         DS0 if DS0 is not None else eta, T, NT, H, K, V, C, BK, BV,
+                                         read_after, dST is not None, need_ds0, prec, cu, coff, varlen, **st)
     dq = _empty(q.shape, q.dtype, dev)
     dxo = _empty(xw.shape, f32, dev)  # the own pairs' part (rows W-1..): rows 0..W-2 are only ever carried
     dvo = _empty(vw.shape, f32, dev)
@@ -485,38 +559,64 @@ def window_linear_backward(q, xw, vw, eta, g, saved, dO, dST, *, read_after, C, 
     deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
     _wl_bwd_main[(NT, B * H)](q, xw, vw, eta, g, HS, DHS, dO, dq, dxo, dvo, DXC, DVC, deta, dg, T, XT, NT,
-                              H, K, V, C, W, BK, int(WL_BWD_BV), BW, read_after, prec, num_warps=8, **st)
-    return dq, _add_carried(dxo, DXC, xw.dtype, C, W, NT), _add_carried(dvo, DVC, vw.dtype, C, W, NT), deta, dg, DS0
+                              H, K, V, C, W, BK, int(WL_BWD_BV), BW, read_after, prec, cu, cidx, coff, varlen,
+                              num_warps=8, **st)
+    pk = _packed_rows(cu_seqlens, XT, W, dev) if varlen else None
+    dx = _add_carried(dxo, DXC, xw.dtype, C, W, NT, pk, coff)
+    dv = _add_carried(dvo, DVC, vw.dtype, C, W, NT, pk, coff)
+    return dq, dx, dv, deta, dg, DS0
 
 
 @triton.jit
 def _wl_carried_sum(OWN, CAR, OUT, N, XT, NT, H: tl.constexpr, D: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
-                    BWc: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+                    BWc: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, SEQ, XCU, COFF, VARLEN: tl.constexpr):
     """OUT[row e] = OWN[e] (e >= W-1: a step's own pair) + CAR[chunk e // C, e % C] (e % C < W-1: a pair carried into
-    chunk e // C), in OUT's dtype, over the rows (b·XT + e)·H + h of the pair stream."""
+    chunk e // C), in OUT's dtype, over the rows (b·XT + e)·H + h of the pair stream. VARLEN (B = 1): e counts from
+    the first row of the row's sequence SEQ[row] (its pair rows start at XCU[s]) and chunk n is slot COFF[s] + n,
+    if the sequence has it (slot < COFF[s + 1])."""
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     rmask = r < N
     h = r % H
     e = (r // H) % XT
     b = r // (H * XT)
+    if VARLEN:
+        sq = tl.load(SEQ + e, mask=rmask, other=0)
+        e = e - tl.load(XCU + sq, mask=rmask, other=0)
     cd = tl.arange(0, BD)
     dmask = cd[None, :] < D
     val = tl.load(OWN + r[:, None] * D + cd[None, :], mask=(rmask & (e >= W - 1))[:, None] & dmask, other=0.)
     n = e // C
     c = e % C
-    crow = ((b * H + h) * NT + n) * BWc + c
-    val += tl.load(CAR + crow[:, None] * D + cd[None, :], mask=(rmask & (c < W - 1) & (n < NT))[:, None] & dmask,
+    if VARLEN:
+        slot = tl.load(COFF + sq, mask=rmask, other=0) + n
+        has = slot < tl.load(COFF + sq + 1, mask=rmask, other=0)
+    else:
+        slot = n
+        has = n < NT
+    crow = ((b * H + h) * NT + slot) * BWc + c
+    val += tl.load(CAR + crow[:, None] * D + cd[None, :], mask=(rmask & (c < W - 1) & has)[:, None] & dmask,
                    other=0.)
     tl.store(OUT + r[:, None] * D + cd[None, :], val.to(OUT.dtype.element_ty), mask=rmask[:, None] & dmask)
 
 
-def _add_carried(own, car, dtype, C: int, W: int, NT: int):
+def _packed_rows(cu_seqlens, XT: int, W: int, dev):
+    """Packed pair stream (ours): (each row's sequence [XT] int32, each sequence's first pair row [N + 1] int32)."""
+    cu = cu_seqlens.to(device=dev, dtype=torch.int32)
+    xcu = (cu + torch.arange(cu.numel(), device=dev, dtype=torch.int32) * (W - 1)).contiguous()
+    seq = torch.searchsorted(xcu[1:], torch.arange(XT, device=dev, dtype=torch.int32), right=True).to(torch.int32)
+    return seq.contiguous(), xcu
+
+
+def _add_carried(own, car, dtype, C: int, W: int, NT: int, packed=None, coff=None):
     """The pair stream's gradient: the own pairs' rows (fp32, from _wl_bwd_main) plus the carried pairs' (chunk n's
-    rows nC + c, c < W-1), in the stream's dtype. One launch instead of zero-fill, gather, index_add and cast."""
+    rows nC + c, c < W-1), in the stream's dtype. One launch instead of zero-fill, gather, index_add and cast.
+    packed: _packed_rows' (row sequences, pair-row offsets) with the plan's chunk offsets coff, for packed sequences."""
     B, XT, H, D = own.shape
     out = _empty(own.shape, dtype, own.device)
     BD = _np2(D)
     BR = max(16, min(128, 4096 // BD))
     N = B * XT * H
-    _wl_carried_sum[(cdiv(N, BR),)](own, car, out, N, XT, NT, H, D, C, W, BW, BR, BD)
+    seq, xcu = packed if packed is not None else (own, own)
+    _wl_carried_sum[(cdiv(N, BR),)](own, car, out, N, XT, NT, H, D, C, W, BW, BR, BD, seq, xcu,
+                                    coff if packed is not None else own, packed is not None)
     return out
