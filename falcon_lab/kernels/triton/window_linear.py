@@ -589,13 +589,14 @@ def _wl_carried_sum(OWN, CAR, OUT, N, XT, NT, H: tl.constexpr, D: tl.constexpr, 
     c = e % C
     if VARLEN:
         slot = tl.load(COFF + sq, mask=rmask, other=0) + n
-        has = slot < tl.load(COFF + sq + 1, mask=rmask, other=0)
     else:
         slot = n
-        has = n < NT
     crow = ((b * H + h) * NT + slot) * BWc + c
-    val += tl.load(CAR + crow[:, None] * D + cd[None, :], mask=(rmask & (c < W - 1) & has)[:, None] & dmask,
-                   other=0.)
+    if VARLEN:  # the chunk exists in the row's sequence
+        cmask = rmask & (c < W - 1) & (slot < tl.load(COFF + sq + 1, mask=rmask, other=0))
+    else:
+        cmask = rmask & (c < W - 1) & (n < NT)
+    val += tl.load(CAR + crow[:, None] * D + cd[None, :], mask=cmask[:, None] & dmask, other=0.)
     tl.store(OUT + r[:, None] * D + cd[None, :], val.to(OUT.dtype.element_ty), mask=rmask[:, None] & dmask)
 
 
