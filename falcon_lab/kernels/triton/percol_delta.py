@@ -847,7 +847,7 @@ def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_s
     O = _empty((B, T, H, V), q.dtype, dev)
     fwd_intra(q, x, RR, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, va, st)
     # the block inverses for the backward (INV_KEEP="save"), or an empty stand-in: the saved list keeps one arity
-    kept = INV if inv and keeps_inv() else torch.empty(0, dtype=f32, device=dev)
+    kept = INV if keeps_inv() else torch.empty(0, dtype=f32, device=dev)
     return O, ST, (HS, RR, kept)
 
 

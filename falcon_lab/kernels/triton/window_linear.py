@@ -99,14 +99,6 @@ WL_WEIGHTS = env_choice("FALCON_TRITON_3A_WEIGHTS", "band", ("shifted", "band"),
 
 
 @triton.jit
-def _packed_seq(CU, s, W: tl.constexpr):
-    """Packed sequences (ours): sequence s's first step row in the step stream and first row in the pair stream,
-    where each sequence's W - 1 carried rows stand before its pairs (kernel-contract.md), as int64."""
-    bos = tl.load(CU + s).to(tl.int64)
-    return bos, bos + s.to(tl.int64) * (W - 1)
-
-
-@triton.jit
 def _shifted(G, ETA, b, h, n, i, m: tl.constexpr, g, T, H: tl.constexpr, C: tl.constexpr):
     """Step j'+m of chunk n, as vectors over j': (u_{j'+m}, η_{j'+m}, valid). u is the chunk-local inclusive
     log-prefix: u_{j'+m} = Σ_{r<m} g_r + Σ_{r<=j'} g_{r+m}."""
@@ -229,8 +221,8 @@ def _wl_fwd_state(XW, VW, ETA, G, S0, HS, ST, T, XT, NT, H: tl.constexpr, K: tl.
     bh64 = bh.to(tl.int64)
     S = _state_init(S0, bh64, soff, smask, HAS_S0, K, V, BK, BV)
     if VARLEN:
-        _bos, T, NL, coff = _varlen_seq(CU, COFF, b, C)
-        bos, pbos = _packed_seq(CU, b, W)
+        bos, T, NL, coff = _varlen_seq(CU, COFF, b, C)
+        pbos = bos + b.to(tl.int64) * (W - 1)  # its pair rows: each sequence's W - 1 carried rows before its pairs
         ETA += bos * H
         G += bos * H
         XW += pbos * H * K
@@ -269,8 +261,8 @@ def _wl_fwd_out(Q, XW, VW, ETA, G, HS, O, T, XT, NT, H: tl.constexpr, K: tl.cons
     b = bh // H
     h = bh % H
     if VARLEN:
-        sq, n, _bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
-        bos, pbos = _packed_seq(CU, sq, W)
+        sq, n, bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
+        pbos = bos + sq.to(tl.int64) * (W - 1)  # as in _wl_fwd_state
         Q += bos * H * K
         ETA += bos * H
         G += bos * H
@@ -356,8 +348,8 @@ def _wl_bwd_main(Q, XW, VW, ETA, G, HS, DHS, DO, DQ, DX, DV, DXC, DVC, DETA, DG,
     h = bh % H
     slot = n
     if VARLEN:
-        sq, n, _bos, T, _coff = _varlen_chunk(CU, CIDX, COFF, slot)
-        bos, pbos = _packed_seq(CU, sq, W)
+        sq, n, bos, T, _coff = _varlen_chunk(CU, CIDX, COFF, slot)
+        pbos = bos + sq.to(tl.int64) * (W - 1)  # as in _wl_fwd_state
         Q += bos * H * K
         ETA += bos * H
         G += bos * H
