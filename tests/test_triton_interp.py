@@ -202,10 +202,11 @@ CASES += [_c(f"F2-inv-{n}", delta=True, per_col=True, seed=160 + i, solve="inv",
 # transposed, which every F2 case above without a solve= runs)
 CASES += [_c(f"F2-fwd-{n}", delta=True, per_col=True, seed=170 + i, solve="fwd", **kw)
           for i, (n, kw) in enumerate(F2_INV)]
-# ... and _pcd_blk_inv with each row of L formed in its step (inv_form="rows": FALCON_TRITON_2_INV=rows, opt-in, not yet
-# run on the GPU) under the default solve, the same four
-CASES += [_c(f"F2-invrows-{n}", delta=True, per_col=True, seed=175 + i, inv_form="rows", **kw)
-          for i, (n, kw) in enumerate(F2_INV)]
+# ... and _pcd_blk_inv as the product (I - L)(I + L²)(I + L⁴)(I + L⁸) of batched dots (inv_form="prod":
+# FALCON_TRITON_2_INV=prod, opt-in, not yet run on the GPU) under the default solve, the same four, with both of its
+# value tiles (FALCON_TRITON_2_INV_BV: at V = 80 and 20 a masked rest)
+CASES += [_c(f"F2-invprod-{n}-bv{bv}", delta=True, per_col=True, seed=175 + i, inv_form="prod", inv_bv=bv, **kw)
+          for i, ((n, kw), bv) in enumerate(zip(F2_INV, (16, 32, 16, 32)))]
 # ... the backward reading the forward's inverses (inv_keep="save": FALCON_TRITON_2_INV_KEEP=save, opt-in, proven on the
 # H200 2026-12-04) with both value tiles of _pcd_bwd_solve_blk (FALCON_TRITON_2_SOLVE_BLK_BV: 64 the default since then,
 # which every other F2 case runs; at V = 80 it leaves a masked rest), and _pc_fwd_intra_sb's former 32-column tile
@@ -277,8 +278,8 @@ VARLEN += [dict(id=f"varlen-native-F{v}-C32-rowsblock", varlen=True, variant=v, 
                 rows_grid="block") for i, v in enumerate(("2A", "2"))]
 VARLEN += [dict(id=f"varlen-native-F2-C32-{sv}", varlen=True, variant="2", dtype="float32", C=32, seed=68 + i,
                 solve=sv) for i, sv in enumerate(("inv", "fwd"))]
-VARLEN.append(dict(id="varlen-native-F2-C32-invrows", varlen=True, variant="2", dtype="float32", C=32, seed=70,
-                   inv_form="rows"))
+VARLEN.append(dict(id="varlen-native-F2-C32-invprod", varlen=True, variant="2", dtype="float32", C=32, seed=70,
+                   inv_form="prod"))
 VARLEN.append(dict(id="varlen-native-F2-C32-invkeep", varlen=True, variant="2", dtype="float32", C=32, seed=71,
                    inv_keep="save"))
 # the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the
@@ -475,8 +476,10 @@ SWITCHES = [
     # Falcon-2's forward state pass by sub-blocks; =rows the row substitution, =blocked both passes by blocks
     (KT + "percol_delta", "SOLVE", "FALCON_TRITON_2_SOLVE", "blocked_inv", "block",
      "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd', 'blocked', 'inv' or 'blocked_inv', got 'block'"),
-    (KT + "percol_delta", "INV_FORM", "FALCON_TRITON_2_INV", "tile", "row",
-     "FALCON_TRITON_2_INV must be 'tile' or 'rows', got 'row'"),
+    (KT + "percol_delta", "INV_FORM", "FALCON_TRITON_2_INV", "tile", "rows",
+     "FALCON_TRITON_2_INV must be 'tile' or 'prod', got 'rows'"),
+    (KT + "percol_delta", "INV_BV", "FALCON_TRITON_2_INV_BV", 16, "64",
+     "FALCON_TRITON_2_INV_BV must be '16' or '32', got '64'"),
     (KT + "percol_delta", "INV_WARPS", "FALCON_TRITON_2_INV_WARPS", "4", "2",
      "FALCON_TRITON_2_INV_WARPS must be '4' or '8', got '2'"),
     (KT + "percol_delta", "INV_KEEP", "FALCON_TRITON_2_INV_KEEP", "recompute", "keep",

@@ -6,6 +6,7 @@ per case."""
 import json
 import os
 import sys
+import time
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
@@ -193,6 +194,7 @@ if __name__ == "__main__":
     default_solve = kpdelta.SOLVE
     default_bwd_solve = kpdelta.BWD_SOLVE
     default_inv_form = kpdelta.INV_FORM
+    default_inv_bv = kpdelta.INV_BV
     default_blk_bwd = kpdelta.BLK_BWD
     default_inv_keep = kpdelta.INV_KEEP
     default_launch = {(m, a): getattr(m, a) for m, a in ((kpdelta, "SOLVE_BLK_WARPS"), (kpdelta, "SOLVE_BLK_BV"),
@@ -210,6 +212,7 @@ if __name__ == "__main__":
         kpdelta.SOLVE = c.get("solve", default_solve)  # what FALCON_TRITON_2_SOLVE sets
         kpdelta.BWD_SOLVE = c.get("bwd_solve", default_bwd_solve)  # what FALCON_TRITON_2_BWD_SOLVE sets
         kpdelta.INV_FORM = c.get("inv_form", default_inv_form)  # what FALCON_TRITON_2_INV sets
+        kpdelta.INV_BV = c.get("inv_bv", default_inv_bv)  # what FALCON_TRITON_2_INV_BV sets
         kpdelta.BLK_BWD = tuple(c.get("blk_bwd", default_blk_bwd))  # what FALCON_TRITON_2_BLK_BWD sets
         kpdelta.INV_KEEP = c.get("inv_keep", default_inv_keep)  # what FALCON_TRITON_2_INV_KEEP sets
         for (m, a), d in default_launch.items():  # ..._2_SOLVE_BLK_{WARPS,BV}, _2A_FWD_SB_{WARPS,BV}, _2A_COLS_BV
@@ -220,6 +223,7 @@ if __name__ == "__main__":
         kchunk.STATE_DTYPE = c.get("state_dtype", default_state_dtype)  # what FALCON_TRITON_STATE_DTYPE sets
         kwl.WL_BWD_BV = c.get("wl_bwd_bv", default_wl_bwd_bv)  # what FALCON_TRITON_3A_BWD_BV sets
         kwl.WL_WEIGHTS = c.get("wl_weights", default_wl_weights)  # what FALCON_TRITON_3A_WEIGHTS sets
+        t0 = time.perf_counter()
         try:
             if c.get("recompute"):
                 res = recompute_case(c)
@@ -255,6 +259,6 @@ if __name__ == "__main__":
                     res["window_linear_calls"] = n_wl[0]
             else:
                 res = decode_case(c) if c.get("decode") else run_case(c)
-            print(json.dumps({"id": c["id"], "res": res}), flush=True)
+            print(json.dumps({"id": c["id"], "res": res, "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
         except Exception as e:  # report, the test fails on it
             print(json.dumps({"id": c["id"], "error": f"{type(e).__name__}: {e}"}), flush=True)

@@ -82,16 +82,22 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "blocked_inv", ("rows", "fwd", "blocked", "inv", "blocked_inv"),
                    "Falcon-2: the state passes' per-column solves by rows, 16-row sub-blocks or precomputed block "
                    "inverses (proven: blocked_inv, inv, fwd, rows)")
-# How _pcd_blk_inv forms each row of L (ours): "tile" (the proven form: the whole strictly lower [16, 16, BV] L as one
-# register tile, exponentials of every pair at once, and row i taken out of it by a masked sum per step) or "rows"
-# (2026-12-04, seventeenth session; interpreter-tested, not yet run on the GPU: row i formed directly in step i from
-# gram's row i and u⁻_i, [16, BV] per step; no [16, 16, BV] L in registers and one masked pass over the 3-D tile per
-# step fewer; the same exponentials, 16 x [16, BV] instead of one [16, 16, BV]). Why: the H200 profile after
-# blocked_inv became the default (kernels_2026-12-04/call5) puts _pcd_blk_inv at 4.21 of Falcon-2's 21.4 ms at
-# (16, 2048, 12, 64), two launches (the forward's and the backward's recompute).
-INV_FORM = env_choice("FALCON_TRITON_2_INV", "tile", ("tile", "rows"),
-                      "Falcon-2: _pcd_blk_inv's rows of L from one [16, 16, BV] tile or formed per step (rows: "
-                      "unproven)")
+# How _pcd_blk_inv forms the inverses (ours): "tile" (the proven form: the whole strictly lower [16, 16, BV] L as one
+# register tile, then 16 dependent substitution steps, each taking row i out of it by a masked sum) or "prod"
+# (2026-12-04, nineteenth session; interpreter-tested, unproven: an opt-in until its check sweep passes): the
+# product (I - L)(I + L²)(I + L⁴)(I + L⁸) of the nilpotent L as six batched [16, 16] tensor-core dots per column, L
+# built column first ([BV, 16, 16]); tf32 dots for 16-bit inputs (the inverses are stored in the 16-bit A dtype), IEEE
+# fp32 for fp32 inputs. Why: the H200 profile (kernels_2026-12-04/call5) put _pcd_blk_inv at 4.21 of Falcon-2's 21.4
+# ms at (16, 2048, 12, 64), two launches (the forward's and the backward's recompute); offline its substitution steps
+# each convert row i of L between two layouts through shared memory. A third form, "rows" (each row of L formed in its
+# step), was 1.06-1.34x slower than "tile" on the H200 (kernels_2026-12-04/call6) and is gone.
+INV_FORM = env_choice("FALCON_TRITON_2_INV", "tile", ("tile", "prod"),
+                      "Falcon-2: _pcd_blk_inv by substitution steps over one [16, 16, BV] tile or as a product of "
+                      "batched tensor-core dots (prod: unproven)")
+# ... "prod"'s value tile (ours): 16 or 32 columns a program ([BV, 16, 16] fp32 tiles: L, the product and one power
+# alive at once). Unproven.
+INV_BV = int(env_choice("FALCON_TRITON_2_INV_BV", "16", ("16", "32"), "Falcon-2: _pcd_blk_inv's value tile with "
+                        "INV_FORM=prod (unproven)"))
 # ... and its launch's warps (ours): 4 (proven) or 8 (unproven). Offline (sm_90a, Triton 3.6, bf16, K = 64, C = 64,
 # 32-column tiles) 4 warps need 247 registers a thread with the tile, 235 with rows (2 programs, 8 warps, an SM); at 8
 # warps 134 / 125 (16 warps an SM) and 872 / 624 SASS instructions against 1360 / 984. On the H200 (2026-12-04, one
@@ -533,13 +539,17 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
 @triton.jit
 def _pcd_blk_inv(X, ETA, G, INV, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, SBS: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF,
-                 VARLEN: tl.constexpr, LROWS: tl.constexpr):
+                 VARLEN: tl.constexpr, PROD: tl.constexpr, PPREC: tl.constexpr):
     """Program (chunk·NB + a, b·H + h, value tile vb), SOLVE="inv" (ours): the inverse M = (I + L)^{-1} of sub-block
     a's diagonal block per value column, L[i, s, c] = [s < i] (x_i·x_s) e^{u⁻_{i,c} - u_{s,c}} η_{s,c} with the
-    sub-block's own log-prefix (what _subst_fwd substitutes), by rows: M_i = e_i - Σ_{s<i} L[i, s] M_s (rows not
-    yet formed are 0, and L[i, s] is 0 for s >= i). Stored as INV[b, t, h, s, c] = M[t - t_a, s, c] for the
-    sub-block's rows t (t_a its first row). LROWS (FALCON_TRITON_2_INV=rows): row i of L formed in step i instead of
-    taken out of the whole [SBS, SBS, BV] L."""
+    sub-block's own log-prefix (what _subst_fwd substitutes). Stored as INV[b, t, h, s, c] = M[t - t_a, s, c] for the
+    sub-block's rows t (t_a its first row). Two forms of the same inverse (INV_FORM):
+    PROD = False ("tile"): by rows, M_i = e_i - Σ_{s<i} L[i, s] M_s (rows not yet formed are 0, and L[i, s] is 0 for
+    s >= i), 16 dependent steps over the whole [SBS, SBS, BV] L in registers, each with a masked cross-thread sum.
+    PROD = True ("prod"): L is strictly lower triangular, so L^SBS = 0 and (I + L)^{-1} = (I - L)(I + L²)(I + L⁴)
+    (I + L⁸) at SBS = 16 (each factor doubles the power that cancels: (I + L)(I - L) = I - L², ...). L is built as
+    [BV, SBS, SBS] (the column first) and the six products are batched [SBS, SBS] tensor-core dots at PPREC, no
+    dependent steps."""
     NB: tl.constexpr = C // SBS
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -558,24 +568,37 @@ def _pcd_blk_inv(X, ETA, G, INV, T, H: tl.constexpr, K: tl.constexpr, V: tl.cons
     _r, rmask, tok, _x = _chunk_rows(b, h, n * NB + a, j, T, T, 0, H, SBS)
     ck = tl.arange(0, BK)
     cv = vb * BV + tl.arange(0, BV)
-    vm = rmask[:, None] & (cv < V)[None, :]
-    off = tok[:, None] * V + cv[None, :]
     x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & (ck < K)[None, :], other=0.)
-    eta = tl.load(ETA + off, mask=vm, other=0.)
-    g = tl.load(G + off, mask=vm, other=0.)
-    u = tl.cumsum(g, 0)
-    up = u - g
     gram = tl.dot(x, tl.trans(x), input_precision=PREC)
-    M = tl.zeros([SBS, SBS, BV], dtype=tl.float32)
-    if LROWS:
-        for i in range(0, SBS):
-            sel = (j == i)[:, None, None]
-            g_i = tl.sum(tl.where((j == i)[:, None], gram, 0.), 0)  # [s]: x_i · x_s
-            up_i = tl.sum(tl.where((j == i)[:, None], up, 0.), 0)  # [c]
-            Li = tl.where((j < i)[:, None], g_i[:, None] * tl.exp(tl.minimum(up_i[None, :] - u, 0.)) * eta, 0.)
-            Mi = tl.where((j == i)[:, None], 1., 0.) - tl.sum(Li[:, None, :] * M, 0)  # [s', c]: row i of M
-            M = tl.where(sel, Mi[None, :, :], M)
+    if PROD:
+        # the column first: [BV (c), SBS (row i or s)]
+        vmT = (cv < V)[:, None] & rmask[None, :]
+        offT = tok[None, :] * V + cv[:, None]
+        etaT = tl.load(ETA + offT, mask=vmT, other=0.)
+        gT = tl.load(G + offT, mask=vmT, other=0.)
+        uT = tl.cumsum(gT, 1)
+        upT = uT - gT
+        L = tl.where((j[None, :] < j[:, None])[None, :, :],
+                     gram[None, :, :] * tl.exp(tl.minimum(upT[:, :, None] - uT[:, None, :], 0.)) * etaT[:, None, :],
+                     0.)  # [c, i, s]
+        eye = tl.where((j[:, None] == j[None, :])[None, :, :], 1., 0.)
+        P = eye - L
+        L2 = tl.dot(L, L, input_precision=PPREC)
+        P += tl.dot(P, L2, input_precision=PPREC)
+        L4 = tl.dot(L2, L2, input_precision=PPREC)
+        P += tl.dot(P, L4, input_precision=PPREC)
+        L8 = tl.dot(L4, L4, input_precision=PPREC)
+        P += tl.dot(P, L8, input_precision=PPREC)
+        tl.store(INV + (tok[None, :, None] * SBS + j[None, None, :]) * V + cv[:, None, None],
+                 P.to(INV.dtype.element_ty), mask=vmT[:, :, None])
     else:
+        vm = rmask[:, None] & (cv < V)[None, :]
+        off = tok[:, None] * V + cv[None, :]
+        eta = tl.load(ETA + off, mask=vm, other=0.)
+        g = tl.load(G + off, mask=vm, other=0.)
+        u = tl.cumsum(g, 0)
+        up = u - g
+        M = tl.zeros([SBS, SBS, BV], dtype=tl.float32)
         L = tl.where((j[None, :] < j[:, None])[:, :, None],
                      gram[:, :, None] * tl.exp(tl.minimum(up[:, None, :] - u[None, :, :], 0.)) * eta[None, :, :], 0.)
         for i in range(0, SBS):
@@ -583,8 +606,8 @@ def _pcd_blk_inv(X, ETA, G, INV, T, H: tl.constexpr, K: tl.constexpr, V: tl.cons
             Li = tl.sum(tl.where(sel, L, 0.), 0)  # [s, c]
             Mi = tl.where((j == i)[:, None], 1., 0.) - tl.sum(Li[:, None, :] * M, 0)  # [s', c]: row i of M
             M = tl.where(sel, Mi[None, :, :], M)
-    tl.store(INV + (tok[:, None, None] * SBS + j[None, :, None]) * V + cv[None, None, :],
-             M.to(INV.dtype.element_ty), mask=vm[:, None, :])
+        tl.store(INV + (tok[:, None, None] * SBS + j[None, :, None]) * V + cv[None, None, :],
+                 M.to(INV.dtype.element_ty), mask=vm[:, None, :])
 
 
 @triton.jit
@@ -810,9 +833,11 @@ def block_inverses(x, eta, g, NT, C, BK, prec, va, st):
     B, T, H, K = x.shape
     V = eta.shape[-1]
     INV = torch.empty(B, T, H, 16, V, dtype=a_dtype(x.dtype), device=x.device)
-    BVi = min(32, _np2(V))
+    prod = INV_FORM == "prod"
+    BVi = min(INV_BV if prod else 32, _np2(V))
+    pprec = "tf32" if prec == "tf32" else "ieee"  # the product's dots: tf32 for 16-bit inputs, fp32 FMA for fp32
     _pcd_blk_inv[(NT * (C // 16), B * H, cdiv(V, BVi))](x, eta, g, INV, T, H, K, V, C, BK, BVi, 16, prec, *va,
-                                                       INV_FORM == "rows", num_warps=int(INV_WARPS), **st)
+                                                       prod, pprec, num_warps=int(INV_WARPS), **st)
     return INV
 
 
