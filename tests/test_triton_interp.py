@@ -206,7 +206,7 @@ CASES += [_c(f"F2-fwd-{n}", delta=True, per_col=True, seed=170 + i, solve="fwd",
 # FALCON_TRITON_2_INV=prod, opt-in, not yet run on the GPU) under the default solve, the same four, with both of its
 # value tiles (FALCON_TRITON_2_INV_BV: at V = 80 and 20 a masked rest)
 CASES += [_c(f"F2-invprod-{n}-bv{bv}", delta=True, per_col=True, seed=175 + i, inv_form="prod", inv_bv=bv, **kw)
-          for i, ((n, kw), bv) in enumerate(zip(F2_INV, (16, 32, 16, 32)))]
+          for i, ((n, kw), bv) in enumerate(zip(F2_INV, ("16", "32", "16", "32")))]
 # ... the backward reading the forward's inverses (inv_keep="save": FALCON_TRITON_2_INV_KEEP=save, opt-in, proven on the
 # H200 2026-12-04) with both value tiles of _pcd_bwd_solve_blk (FALCON_TRITON_2_SOLVE_BLK_BV: 64 the default since then,
 # which every other F2 case runs; at V = 80 it leaves a masked rest), and _pc_fwd_intra_sb's former 32-column tile
@@ -478,7 +478,7 @@ SWITCHES = [
      "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd', 'blocked', 'inv' or 'blocked_inv', got 'block'"),
     (KT + "percol_delta", "INV_FORM", "FALCON_TRITON_2_INV", "tile", "rows",
      "FALCON_TRITON_2_INV must be 'tile' or 'prod', got 'rows'"),
-    (KT + "percol_delta", "INV_BV", "FALCON_TRITON_2_INV_BV", 16, "64",
+    (KT + "percol_delta", "INV_BV", "FALCON_TRITON_2_INV_BV", "16", "64",
      "FALCON_TRITON_2_INV_BV must be '16' or '32', got '64'"),
     (KT + "percol_delta", "INV_WARPS", "FALCON_TRITON_2_INV_WARPS", "4", "2",
      "FALCON_TRITON_2_INV_WARPS must be '4' or '8', got '2'"),

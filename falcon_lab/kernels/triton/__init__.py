@@ -97,11 +97,13 @@ _FALCON_3A = env_choice("FALCON_TRITON_3A", "banded", ("scans", "banded"),
 # Falcon-3A's packed calls (cu_seqlens; ours, 2026-12-04, eighteenth session): "scans" (the W Falcon-1A scans read the
 # packed batch, proven on the H200: PROVEN_VARLEN) or "banded" (the one banded scan reads it: window_linear.py's
 # VARLEN branches, each sequence's steps, pairs and chunk slots from the packed plan; interpreter-tested against
-# float64, not yet run on the GPU, so on CUDA only with FALCON_TRITON_UNPROVEN=1). Why: a packed Falcon-3A call costs
-# W Falcon-1A scans (4.1-4.4x Falcon-1A unpacked in the full run of 8c614f9) where the banded scan costs 1.5-2.2x.
+# float64; proven on the H200 on 2026-12-04, nineteenth session, at 6cfcede: all 29 rows of `bench check --variants
+# 3A` with it, the four varlen-native rows running the banded scan (native = 1), NaN-poisoned, bf16 + fp32;
+# benchmarks/results/h200_logs/kernels_2026-12-04c/call1/). Why: a packed Falcon-3A call costs W Falcon-1A scans
+# (4.1-4.4x Falcon-1A unpacked in the full run of 8c614f9) where the banded scan costs 1.5-2.2x.
 _FALCON_3A_PACKED = env_choice("FALCON_TRITON_3A_PACKED", "scans", ("scans", "banded"),
-                               "Falcon-3A's packed calls: the W scans or the one banded scan (banded: unproven)")
-PROVEN_3A_PACKED = False  # the banded scan's packed form on the H200
+                               "Falcon-3A's packed calls: the W scans or the one banded scan (both proven)")
+PROVEN_3A_PACKED = True  # the banded scan's packed form on the H200 (29/29 rows, 2026-12-04 at 6cfcede)
 # Falcon-3: "gather" (the chunk kernels read the T·W pseudo-tokens in place from q, η, log γ and the pair stream: no
 # expanded copies of the inputs, outputs or their gradients; the default for unpacked calls since 2026-12-03,
 # fourteenth session: every row of `bench check --variants 3` it implements passed on the H200 with the split

@@ -96,8 +96,8 @@ INV_FORM = env_choice("FALCON_TRITON_2_INV", "tile", ("tile", "prod"),
                       "batched tensor-core dots (prod: unproven)")
 # ... "prod"'s value tile (ours): 16 or 32 columns a program ([BV, 16, 16] fp32 tiles: L, the product and one power
 # alive at once). Unproven.
-INV_BV = int(env_choice("FALCON_TRITON_2_INV_BV", "16", ("16", "32"), "Falcon-2: _pcd_blk_inv's value tile with "
-                        "INV_FORM=prod (unproven)"))
+INV_BV = env_choice("FALCON_TRITON_2_INV_BV", "16", ("16", "32"), "Falcon-2: _pcd_blk_inv's value tile with "
+                    "INV_FORM=prod (unproven)")
 # ... and its launch's warps (ours): 4 (proven) or 8 (unproven). Offline (sm_90a, Triton 3.6, bf16, K = 64, C = 64,
 # 32-column tiles) 4 warps need 247 registers a thread with the tile, 235 with rows (2 programs, 8 warps, an SM); at 8
 # warps 134 / 125 (16 warps an SM) and 872 / 624 SASS instructions against 1360 / 984. On the H200 (2026-12-04, one
@@ -834,7 +834,7 @@ def block_inverses(x, eta, g, NT, C, BK, prec, va, st):
     V = eta.shape[-1]
     INV = torch.empty(B, T, H, 16, V, dtype=a_dtype(x.dtype), device=x.device)
     prod = INV_FORM == "prod"
-    BVi = min(INV_BV if prod else 32, _np2(V))
+    BVi = min(int(INV_BV) if prod else 32, _np2(V))
     pprec = "tf32" if prec == "tf32" else "ieee"  # the product's dots: tf32 for 16-bit inputs, fp32 FMA for fp32
     _pcd_blk_inv[(NT * (C // 16), B * H, cdiv(V, BVi))](x, eta, g, INV, T, H, K, V, C, BK, BVi, 16, prec, *va,
                                                        prod, pprec, num_warps=int(INV_WARPS), **st)
