@@ -202,11 +202,13 @@ CASES += [_c(f"F2-inv-{n}", delta=True, per_col=True, seed=160 + i, solve="inv",
 # transposed, which every F2 case above without a solve= runs)
 CASES += [_c(f"F2-fwd-{n}", delta=True, per_col=True, seed=170 + i, solve="fwd", **kw)
           for i, (n, kw) in enumerate(F2_INV)]
-# ... and _pcd_blk_inv as the product (I - L)(I + L²)(I + L⁴)(I + L⁸) of batched dots (inv_form="prod":
-# FALCON_TRITON_2_INV=prod, opt-in, not yet run on the GPU) under the default solve, the same four, with both of its
-# value tiles (FALCON_TRITON_2_INV_BV: at V = 80 and 20 a masked rest)
-CASES += [_c(f"F2-invprod-{n}-bv{bv}", delta=True, per_col=True, seed=175 + i, inv_form="prod", inv_bv=bv, **kw)
-          for i, ((n, kw), bv) in enumerate(zip(F2_INV, ("16", "32", "16", "32")))]
+# ... and _pcd_blk_inv by substitution steps over one [16, 16, BV] tile (inv_form="tile": FALCON_TRITON_2_INV=tile,
+# proven, the default before 2026-12-04; every other F2 case runs the product form with 16-column tiles), and the
+# product with 32-column tiles (FALCON_TRITON_2_INV_BV=32, opt-in, unproven; at V = 20 and 80 a masked rest)
+CASES += [_c(f"F2-invtile-{n}", delta=True, per_col=True, seed=175 + i, inv_form="tile", **kw)
+          for i, (n, kw) in enumerate(F2_INV[:3:2])]
+CASES += [_c(f"F2-invprod-bv32-{n}", delta=True, per_col=True, seed=177 + i, inv_bv="32", **kw)
+          for i, (n, kw) in enumerate(F2_INV[1::2])]
 # ... the backward reading the forward's inverses (inv_keep="save": FALCON_TRITON_2_INV_KEEP=save, opt-in, proven on the
 # H200 2026-12-04) with both value tiles of _pcd_bwd_solve_blk (FALCON_TRITON_2_SOLVE_BLK_BV: 64 the default since then,
 # which every other F2 case runs; at V = 80 it leaves a masked rest), and _pc_fwd_intra_sb's former 32-column tile
@@ -257,12 +259,13 @@ VARLEN += [dict(id=f"varlen-native-F{v}-{dt}-C{C}-{rd}", varlen=True, variant=v,
                 shift=(rd == "after"), seed=60 + i)
            for i, (v, dt, C, rd) in enumerate([("2A", "float32", 16, "after"), ("2A", "float16", 32, "before"),
                                                ("2", "float32", 16, "after"), ("2", "float16", 64, "before")])]
-# Falcon-3A (window 4, the W scans) on the packed pair stream: each sequence's carried tails, their gradients
-VARLEN += [dict(id=f"varlen-native-F3A-{dt}-C{C}-{rd}", varlen=True, variant="3A", dtype=dt, C=C, read=rd,
-                shift=(rd == "after"), seed=80 + i)
+# Falcon-3A (window 4, the W scans: FALCON_TRITON_3A_PACKED=scans, the packed default before 2026-12-04) on the packed
+# pair stream: each sequence's carried tails, their gradients
+VARLEN += [dict(id=f"varlen-native-F3A-scans-{dt}-C{C}-{rd}", varlen=True, variant="3A", dtype=dt, C=C, read=rd,
+                shift=(rd == "after"), seed=80 + i, packed3a="scans")
            for i, (dt, C, rd) in enumerate([("float32", 16, "after"), ("float32", 32, "before"), ("float16", 64, "after")])]
-# ... and on the banded scan's packed form (FALCON_TRITON_3A_PACKED=banded, opt-in, not yet run on the GPU; the lengths
-# 1, C-1, C, C+1, 3C+5 leave two empty chunk slots in the plan)
+# ... and on the banded scan's packed form (FALCON_TRITON_3A_PACKED=banded, proven on the H200 and the default since
+# 2026-12-04; the lengths 1, C-1, C, C+1, 3C+5 leave two empty chunk slots in the plan)
 VARLEN += [dict(id=f"varlen-native-F3A-banded-{dt}-C{C}-{rd}", varlen=True, variant="3A", dtype=dt, C=C, read=rd,
                 shift=(rd == "after"), seed=84 + i, banded=True, packed3a="banded")
            for i, (dt, C, rd) in enumerate([("float32", 16, "after"), ("float32", 32, "before"),
@@ -278,8 +281,8 @@ VARLEN += [dict(id=f"varlen-native-F{v}-C32-rowsblock", varlen=True, variant=v, 
                 rows_grid="block") for i, v in enumerate(("2A", "2"))]
 VARLEN += [dict(id=f"varlen-native-F2-C32-{sv}", varlen=True, variant="2", dtype="float32", C=32, seed=68 + i,
                 solve=sv) for i, sv in enumerate(("inv", "fwd"))]
-VARLEN.append(dict(id="varlen-native-F2-C32-invprod", varlen=True, variant="2", dtype="float32", C=32, seed=70,
-                   inv_form="prod"))
+VARLEN.append(dict(id="varlen-native-F2-C32-invtile", varlen=True, variant="2", dtype="float32", C=32, seed=70,
+                   inv_form="tile"))
 VARLEN.append(dict(id="varlen-native-F2-C32-invkeep", varlen=True, variant="2", dtype="float32", C=32, seed=71,
                    inv_keep="save"))
 # the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the
@@ -290,7 +293,7 @@ VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dty
 
 # the public op (ragged cu_seqlens, continuation) and a compiled block with Falcon-3A on the banded scan, the default
 # since 2026-12-03 (FALCON_TRITON_3A=banded, set for the case so that the environment cannot change it)
-BANDED = [dict(API[2], id="api-varlen-continuation-F3A-banded", banded=True, scans=False),
+BANDED = [dict(API[2], id="api-varlen-continuation-F3A-banded", banded=True, scans=False, packed3a="scans"),
           dict(COMPILE[3], id="compile-fullgraph-F3A-banded", banded=True, scans=False),
           dict(API[2], id="api-varlen-continuation-F3A-banded-packed", banded=True, scans=False, packed3a="banded")]
 
@@ -334,12 +337,13 @@ def test_banded_falcon_3a_through_the_public_op_and_compile(results):
 
 
 def test_banded_falcon_3a_packed_through_the_public_op(results):
-    """With FALCON_TRITON_3A_PACKED=banded (opt-in) the packed call takes the banded scan too (one more forward call of
-    it than with the default, where the packed call runs the W scans), against the float64 recurrence."""
+    """With FALCON_TRITON_3A_PACKED=banded (the default since 2026-12-04) the packed call takes the banded scan too (one
+    more forward call of it than with =scans, where the packed call runs the W scans), against the float64
+    recurrence."""
     import falcon_lab.kernels.triton as kt
 
     if "FALCON_TRITON_3A_PACKED" not in os.environ:
-        assert kt._FALCON_3A_PACKED == "scans", "the W scans stay the packed default until the H200 proves the banded"
+        assert kt._FALCON_3A_PACKED == "banded", "the banded scan is the packed default since the H200 proved it"
     base, packed = results.get(BANDED[0]["id"]), results.get(BANDED[2]["id"])
     assert packed is not None and "error" not in packed, packed
     assert packed["res"]["window_linear_calls"] == base["res"]["window_linear_calls"] + 1, (base, packed)
@@ -459,7 +463,7 @@ SWITCHES = [
     # the banded 3A's backward value block
     (KT + "window_linear", "WL_BWD_BV", "FALCON_TRITON_3A_BWD_BV", "32", "48",
      "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),
-    (KT[:-1], "_FALCON_3A_PACKED", "FALCON_TRITON_3A_PACKED", "scans", "band",
+    (KT[:-1], "_FALCON_3A_PACKED", "FALCON_TRITON_3A_PACKED", "banded", "band",
      "FALCON_TRITON_3A_PACKED must be 'scans' or 'banded', got 'band'"),
     (KT + "window_linear", "WL_WEIGHTS", "FALCON_TRITON_3A_WEIGHTS", "band", "bands",
      "FALCON_TRITON_3A_WEIGHTS must be 'shifted' or 'band', got 'bands'"),
@@ -476,7 +480,7 @@ SWITCHES = [
     # Falcon-2's forward state pass by sub-blocks; =rows the row substitution, =blocked both passes by blocks
     (KT + "percol_delta", "SOLVE", "FALCON_TRITON_2_SOLVE", "blocked_inv", "block",
      "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd', 'blocked', 'inv' or 'blocked_inv', got 'block'"),
-    (KT + "percol_delta", "INV_FORM", "FALCON_TRITON_2_INV", "tile", "rows",
+    (KT + "percol_delta", "INV_FORM", "FALCON_TRITON_2_INV", "prod", "rows",
      "FALCON_TRITON_2_INV must be 'tile' or 'prod', got 'rows'"),
     (KT + "percol_delta", "INV_BV", "FALCON_TRITON_2_INV_BV", "16", "64",
      "FALCON_TRITON_2_INV_BV must be '16' or '32', got '64'"),

@@ -44,8 +44,8 @@ What runs where (docs/kernels-triton.md):
     prep, prep.py; windowed variants' pair stream packs each sequence's W-1 carried rows before its pairs; Falcon-3's
     pseudo-tokens of sequence s start at cu[s]·W), no padding to [N, T_max]; interpreter-tested against float64 and
     proven on the H200 (bf16 and fp32, C = 16 and 64; Falcon-3's since 2026-12-03); a packed Falcon-3A call runs
-    the W scans natively under either FALCON_TRITON_3A unless FALCON_TRITON_3A_PACKED=banded (the banded scan's
-    packed form, 2026-12-04: interpreter-tested, not yet run on the GPU), and a packed Falcon-3 call its expansion
+    the banded scan's packed form (FALCON_TRITON_3A_PACKED=banded, proven 2026-12-04, the default since) or, with
+    FALCON_TRITON_3A_PACKED=scans or FALCON_TRITON_3A=scans, the W scans natively, and a packed Falcon-3 call its expansion
     under either FALCON_TRITON_3; FALCON_TRITON_VARLEN=pad pads every variant;
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
 before triton is first imported (the tests start a subprocess for that).
@@ -90,18 +90,21 @@ _TF32 = env_choice("FALCON_TRITON_TF32", "0", ("0", "1"),
 # 2026-12-03: its whole `bench check --variants 3A` sweep, 29/29 rows without a failure on the H200 at c2485d2,
 # benchmarks/results/h200_logs/kernels_2026-12-03b/call3_c2485d2/check_banded3a_sweep/ (README.md in
 # kernels_2026-12-03b/), at 0.56-0.68x the W scans' fwd+bwd time in the same run's benchmarks/results/kernels_h200.json)
-# or "scans" (W Falcon-1A scans, proven on the H200; the opt-out). Packed calls (cu_seqlens) and windows above the
-# banded kernel's 16 run the scans either way. Ours; `core(fused_window=)` overrides it per call.
+# or "scans" (W Falcon-1A scans, proven on the H200; the opt-out). Windows above the banded kernel's 16 run the scans
+# either way; packed calls (cu_seqlens) follow FALCON_TRITON_3A_PACKED too. Ours; `core(fused_window=)` overrides it
+# per call.
 _FALCON_3A = env_choice("FALCON_TRITON_3A", "banded", ("scans", "banded"),
                         "Falcon-3A: one banded scan or W Falcon-1A scans (both proven)")
-# Falcon-3A's packed calls (cu_seqlens; ours, 2026-12-04, eighteenth session): "scans" (the W Falcon-1A scans read the
-# packed batch, proven on the H200: PROVEN_VARLEN) or "banded" (the one banded scan reads it: window_linear.py's
+# Falcon-3A's packed calls (cu_seqlens; ours, 2026-12-04, eighteenth session): "banded" (the default since the
+# nineteenth session: the one banded scan reads the packed batch: window_linear.py's
 # VARLEN branches, each sequence's steps, pairs and chunk slots from the packed plan; interpreter-tested against
 # float64; proven on the H200 on 2026-12-04, nineteenth session, at 6cfcede: all 29 rows of `bench check --variants
 # 3A` with it, the four varlen-native rows running the banded scan (native = 1), NaN-poisoned, bf16 + fp32;
-# benchmarks/results/h200_logs/kernels_2026-12-04c/call1/). Why: a packed Falcon-3A call costs W Falcon-1A scans
-# (4.1-4.4x Falcon-1A unpacked in the full run of 8c614f9) where the banded scan costs 1.5-2.2x.
-_FALCON_3A_PACKED = env_choice("FALCON_TRITON_3A_PACKED", "scans", ("scans", "banded"),
+# benchmarks/results/h200_logs/kernels_2026-12-04c/call1/) or "scans" (the W Falcon-1A scans read it, proven on the H200:
+# PROVEN_VARLEN; the default before). Why: a packed Falcon-3A call costs W Falcon-1A scans. Measured on the H200
+# (experiments/h200/varlen_bench.py: 48 documents, 32768 tokens, H = 12, K = V = 64, bf16 fwd+bwd, call2/ there):
+# 12.30 ms with the scans, 7.29 ms with the banded scan (0.59x; peak 2509 MB either way; two processes back to back).
+_FALCON_3A_PACKED = env_choice("FALCON_TRITON_3A_PACKED", "banded", ("scans", "banded"),
                                "Falcon-3A's packed calls: the W scans or the one banded scan (both proven)")
 PROVEN_3A_PACKED = True  # the banded scan's packed form on the H200 (29/29 rows, 2026-12-04 at 6cfcede)
 # Falcon-3: "gather" (the chunk kernels read the T·W pseudo-tokens in place from q, η, log γ and the pair stream: no
@@ -178,8 +181,8 @@ def varlen_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") ->
     """(whether a Triton-backend call with cu_seqlens runs the packed batch natively, why); else it is padded."""
     if _VARLEN != "native":
         return False, "FALCON_TRITON_VARLEN=pad"
-    # Falcon-3A: `core` runs a packed call as the W scans, natively (proven: "3A" in PROVEN_VARLEN), unless
-    # FALCON_TRITON_3A_PACKED=banded (the banded scan's packed form: unproven, on CUDA behind FALCON_TRITON_UNPROVEN)
+    # Falcon-3A: `core` runs a packed call as its banded scan (FALCON_TRITON_3A_PACKED=banded, the default, proven:
+    # PROVEN_3A_PACKED) or as the W scans, natively either way (proven: "3A" in PROVEN_VARLEN)
     if device_type == "cuda" and not (spec.variant in PROVEN_VARLEN or _unproven_enabled()):
         return False, (f"the native packed-sequence kernels of {spec.label} are not proven on the H200 "
                        "(FALCON_TRITON_UNPROVEN=1 runs them anyway)")
@@ -274,7 +277,8 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
 
     fused_window: the window inside the kernels: Falcon-3A (window > 1, no delta) in one banded scan (True) or as W
     Falcon-1A scans (False), None following FALCON_TRITON_3A (default "banded" since 2026-12-03, proven on the H200;
-    a window above 16 runs the scans; with cu_seqlens, FALCON_TRITON_3A_PACKED decides, default the scans);
+    a window above 16 runs the scans; with cu_seqlens, FALCON_TRITON_3A_PACKED decides too, default the banded
+    scan);
     Falcon-3 with its pseudo-tokens read in place (True) or expanded on the host (False), None following
     FALCON_TRITON_3 (default "gather" since 2026-12-03, proven on the H200; with cu_seqlens the expansion).
 
@@ -351,9 +355,8 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
         return o_e.view(B, T, W, H, V)[:, :, 0].contiguous(), s
     if _banded_3a(W, fused_window, cu_seqlens is not None):
         if cu_seqlens is not None and q.device.type == "cuda" and not (PROVEN_3A_PACKED or _unproven_enabled()):
-            raise RuntimeError("Falcon-3A's banded scan on packed sequences (FALCON_TRITON_3A_PACKED=banded, or "
-                               "fused_window=True with cu_seqlens) is not proven on the H200; it runs on CUDA only "
-                               "with FALCON_TRITON_UNPROVEN=1 (the default, FALCON_TRITON_3A_PACKED=scans, is proven)")
+            raise RuntimeError("Falcon-3A's banded scan on packed sequences is not proven on the H200; it runs on "
+                               "CUDA only with FALCON_TRITON_UNPROVEN=1 (FALCON_TRITON_3A_PACKED=scans is proven)")
         C = window_chunk_for(q.shape[-1], chunk_size)  # K = 128, C = 64 failed on the H200 (window_linear.py)
         return chunk_core(q, xw, vw, eta, g, S0, "window_linear", (read_after, C, W, tf32), cu_seqlens)
     # Falcon-3A: S = Σ_m S^(m), scan m writes the pairs W-1-m rows back (falcon-math.md §4.1).

@@ -82,22 +82,26 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "blocked_inv", ("rows", "fwd", "blocked", "inv", "blocked_inv"),
                    "Falcon-2: the state passes' per-column solves by rows, 16-row sub-blocks or precomputed block "
                    "inverses (proven: blocked_inv, inv, fwd, rows)")
-# How _pcd_blk_inv forms the inverses (ours): "tile" (the proven form: the whole strictly lower [16, 16, BV] L as one
-# register tile, then 16 dependent substitution steps, each taking row i out of it by a masked sum) or "prod"
-# (2026-12-04, nineteenth session; interpreter-tested, unproven: an opt-in until its check sweep passes): the
-# product (I - L)(I + L²)(I + L⁴)(I + L⁸) of the nilpotent L as six batched [16, 16] tensor-core dots per column, L
-# built column first ([BV, 16, 16]); tf32 dots for 16-bit inputs (the inverses are stored in the 16-bit A dtype), IEEE
-# fp32 for fp32 inputs. Why: the H200 profile (kernels_2026-12-04/call5) put _pcd_blk_inv at 4.21 of Falcon-2's 21.4
-# ms at (16, 2048, 12, 64), two launches (the forward's and the backward's recompute); offline its substitution steps
-# each convert row i of L between two layouts through shared memory. A third form, "rows" (each row of L formed in its
-# step), was 1.06-1.34x slower than "tile" on the H200 (kernels_2026-12-04/call6) and is gone.
-INV_FORM = env_choice("FALCON_TRITON_2_INV", "tile", ("tile", "prod"),
-                      "Falcon-2: _pcd_blk_inv by substitution steps over one [16, 16, BV] tile or as a product of "
-                      "batched tensor-core dots (prod: unproven)")
-# ... "prod"'s value tile (ours): 16 or 32 columns a program ([BV, 16, 16] fp32 tiles: L, the product and one power
-# alive at once). Unproven.
+# How _pcd_blk_inv forms the inverses (ours): "prod" (the default since 2026-12-04, nineteenth session) or "tile" (the
+# form proven first, the default before: the whole strictly lower [16, 16, BV] L as one register tile, then 16
+# dependent substitution steps, each taking row i out of it by a masked sum, with a cross-warp layout conversion per
+# step). "prod": the product (I - L)(I + L²)(I + L⁴)(I + L⁸) of the nilpotent L as six batched [16, 16] tensor-core
+# dots per column (mma.sync, offline sm_90a: 127 registers, no spills, no loop), L built column first ([BV, 16, 16]);
+# tf32 dots for 16-bit inputs (the inverses are stored in the 16-bit A dtype), IEEE fp32 for fp32 inputs. Why: the
+# H200 profile (kernels_2026-12-04/call5) put _pcd_blk_inv at 4.21 of Falcon-2's 21.4 ms at (16, 2048, 12, 64), two
+# launches (the forward's and the backward's recompute). On the H200 (kernels_2026-12-04c, 6cfcede / 1056560): all 29
+# rows of `bench check --variants 2` pass with it (16-column tiles; NaN-poisoned, bf16 + fp32, varlen), and in one
+# process (2 rounds, GPU time) Falcon-2's fwd+bwd was 0.925 / 0.975 / 0.935 / 0.938x "tile"'s at 16x2048x12x64,
+# 1x32768x6x128, 4x8192x12x64, 16x2048x6x128 (the two launches 4.20 -> 2.83 ms at the first; 32-column tiles
+# 0.935-0.977x, unproven). A third form, "rows" (each row of L formed in its step), was 1.06-1.34x slower than "tile"
+# (kernels_2026-12-04/call6) and is gone.
+INV_FORM = env_choice("FALCON_TRITON_2_INV", "prod", ("tile", "prod"),
+                      "Falcon-2: _pcd_blk_inv as a product of batched tensor-core dots or by substitution steps over "
+                      "one [16, 16, BV] tile (both proven)")
+# ... "prod"'s value tile (ours): 16 columns a program (proven; [BV, 16, 16] fp32 tiles: L, the product and one power
+# alive at once) or 32 (unproven; offline 255 registers and 12 bytes of spills at 4 warps; 1.01x the time of 16).
 INV_BV = env_choice("FALCON_TRITON_2_INV_BV", "16", ("16", "32"), "Falcon-2: _pcd_blk_inv's value tile with "
-                    "INV_FORM=prod (unproven)")
+                    "INV_FORM=prod (32: unproven)")
 # ... and its launch's warps (ours): 4 (proven) or 8 (unproven). Offline (sm_90a, Triton 3.6, bf16, K = 64, C = 64,
 # 32-column tiles) 4 warps need 247 registers a thread with the tile, 235 with rows (2 programs, 8 warps, an SM); at 8
 # warps 134 / 125 (16 warps an SM) and 872 / 624 SASS instructions against 1360 / 984. On the H200 (2026-12-04, one
