@@ -300,9 +300,10 @@ BANDED = [dict(API[2], id="api-varlen-continuation-F3A-banded", banded=True, sca
 
 @pytest.fixture(scope="module")
 def results():
-    # timeout: a hang guard only. Its cases take ~364 s alone on the 2-core CI machine and beside another test file
-    # under `./lab test`'s two workers they came to the 600 s this guard had (2026-12-04: a fresh-clone run of
-    # .ci/run at aaec578 stopped there, one at 8d58086 passed), so it allows 1200 s.
+    # timeout: a hang guard only. Its 161 cases took 279 s alone on the 2-core machine (2026-12-04, nineteenth session:
+    # each case prints its seconds; 475 s of case time over the two worker processes) and beside another test file
+    # under `./lab test`'s two workers they came to the 600 s this guard had (a fresh-clone run of .ci/run at aaec578
+    # stopped there, one at 8d58086 passed), so it allows 1200 s.
     return run_interp_cases("triton_interp_cases.py", CASES + DECODE + API + COMPILE + RECOMPUTE + BANDED + VARLEN,
                             timeout=1200)
 

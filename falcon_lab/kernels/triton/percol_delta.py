@@ -107,8 +107,10 @@ INV_BV = env_choice("FALCON_TRITON_2_INV_BV", "16", ("16", "32"), "Falcon-2: _pc
 # warps 134 / 125 (16 warps an SM) and 872 / 624 SASS instructions against 1360 / 984. On the H200 (2026-12-04, one
 # round contended by a check process, kernels_2026-12-04/call6) the kernel's time at (16, 2048, 12, 64) /
 # (1, 32768, 6, 128): tile, 4 warps 4.20 / 5.52 ms; tile, 8: 6.53 / 4.72; rows, 4: 5.63 / 5.83; rows, 8: 6.15 / 6.11;
-# rows 1-5 of Falcon-2's check passed with rows at 8 warps. Neither is the default.
-INV_WARPS = env_choice("FALCON_TRITON_2_INV_WARPS", "4", ("4", "8"), "Falcon-2: _pcd_blk_inv's warps (8: unproven)")
+# rows 1-5 of Falcon-2's check passed with rows at 8 warps. Neither was the default. With the product form (2026-12-04,
+# nineteenth session, kernels_2026-12-04c/call4): 8 warps pass all 29 rows of `bench check --variants 2` but take
+# 1.010-1.026x the time (the two launches 2.83 -> 3.28 ms at (16, 2048, 12, 64)); 4 stays the default.
+INV_WARPS = env_choice("FALCON_TRITON_2_INV_WARPS", "4", ("4", "8"), "Falcon-2: _pcd_blk_inv's warps (both proven)")
 # Whether the backward reuses the forward's block inverses (ours, 2026-12-04, eighteenth session): "recompute" (the
 # default: with SOLVE="blocked_inv" the backward launches _pcd_blk_inv again) or "save" (the forward's INV is kept as
 # a saved tensor and the backward reads it: one launch fewer). The same values either way (the same kernel on the
@@ -118,7 +120,8 @@ INV_WARPS = env_choice("FALCON_TRITON_2_INV_WARPS", "4", ("4", "8"), "Falcon-2: 
 # op's peak +720 MB (1873 -> 2593 MB at K = 64, 2064 -> 2784 at K = 128): INV, 16 values per token, head and column
 # in A's dtype, stays alive from the forward through the whole backward (recomputed, it is freed before the
 # backward's later kernels allocate theirs), and in a model through every layer's forward. Not the default for
-# that memory; a speed-for-memory knob.
+# that memory; a speed-for-memory knob. With the product form (kernels_2026-12-04c/call4) it saves one 1.4 ms launch:
+# 0.916 / 0.967 / 0.926 / 0.920x at the same four shapes, the same +720 MB.
 INV_KEEP = env_choice("FALCON_TRITON_2_INV_KEEP", "recompute", ("recompute", "save"),
                       "Falcon-2: the backward recomputes the forward's block inverses or reuses them (both proven; "
                       "save: +16 values per token, head and column kept)")
