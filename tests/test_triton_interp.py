@@ -209,6 +209,10 @@ CASES += [_c(f"F2-invtile-{n}", delta=True, per_col=True, seed=175 + i, inv_form
           for i, (n, kw) in enumerate(F2_INV[:3:2])]
 CASES += [_c(f"F2-invprod-bv32-{n}", delta=True, per_col=True, seed=177 + i, inv_bv="32", **kw)
           for i, (n, kw) in enumerate(F2_INV[1::2])]
+# ... and the inverses formed inside both state passes (solve="fused_inv": FALCON_TRITON_2_SOLVE=fused_inv, opt-in, not
+# yet run on the GPU; no INV tensor) with both of its value tiles (FALCON_TRITON_2_FUSED_BV; V = 80: a masked rest)
+CASES += [_c(f"F2-fused-{n}-bv{bv}", delta=True, per_col=True, seed=190 + i, solve="fused_inv", fused_bv=bv, **kw)
+          for i, ((n, kw), bv) in enumerate(zip(F2_INV, ("16", "32", "16", "32")))]
 # ... the backward reading the forward's inverses (inv_keep="save": FALCON_TRITON_2_INV_KEEP=save, opt-in, proven on the
 # H200 2026-12-04) with both value tiles of _pcd_bwd_solve_blk (FALCON_TRITON_2_SOLVE_BLK_BV: 64 the default since then,
 # which every other F2 case runs; at V = 80 it leaves a masked rest), and _pc_fwd_intra_sb's former 32-column tile
@@ -283,6 +287,8 @@ VARLEN += [dict(id=f"varlen-native-F2-C32-{sv}", varlen=True, variant="2", dtype
                 solve=sv) for i, sv in enumerate(("inv", "fwd"))]
 VARLEN.append(dict(id="varlen-native-F2-C32-invtile", varlen=True, variant="2", dtype="float32", C=32, seed=70,
                    inv_form="tile"))
+VARLEN.append(dict(id="varlen-native-F2-C32-fused", varlen=True, variant="2", dtype="float32", C=32, seed=72,
+                   solve="fused_inv"))
 VARLEN.append(dict(id="varlen-native-F2-C32-invkeep", varlen=True, variant="2", dtype="float32", C=32, seed=71,
                    inv_keep="save"))
 # the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the

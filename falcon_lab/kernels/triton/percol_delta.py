@@ -79,9 +79,17 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # 0.797 / 0.773 / 0.962x and "blocked_inv" 0.777 / 0.581 / 0.532 / 0.865x "fwd"'s time at 16x2048x12x64,
 # 1x32768x6x128, 4x8192x12x64, 16x2048x6x128 (op peak +48 MB): "blocked_inv" the default since then. Its reverse pass
 # with 16-bit dots (FALCON_TRITON_2_BLK_BWD=4,0) fails the gradients (rows 1, 7, 10, 23, 27: 0.16-0.42 off) as before.
-SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "blocked_inv", ("rows", "fwd", "blocked", "inv", "blocked_inv"),
-                   "Falcon-2: the state passes' per-column solves by rows, 16-row sub-blocks or precomputed block "
-                   "inverses (proven: blocked_inv, inv, fwd, rows)")
+# "fused_inv" (ours, 2026-12-04, nineteenth session; interpreter-tested, unproven): "blocked_inv" with each diagonal
+# block's inverses formed inside the two state passes (_inv_prod, the product form of INV_FORM="prod", per sub-block
+# on the sequential path) instead of by _pcd_blk_inv: no INV tensor (16 values per token, head and column; 0.8 GB at
+# (16, 2048, 12, 64) bf16) and no _pcd_blk_inv launches (2 x 1.43 ms there, kernels_2026-12-04c/call3), for more
+# latency per sub-block in the passes. Value tiles of FUSED_BV columns in both passes.
+SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "blocked_inv",
+                   ("rows", "fwd", "blocked", "inv", "blocked_inv", "fused_inv"),
+                   "Falcon-2: the state passes' per-column solves by rows, 16-row sub-blocks or block inverses, "
+                   "precomputed or formed in the passes (proven: blocked_inv, inv, fwd, rows)")
+FUSED_BV = env_choice("FALCON_TRITON_2_FUSED_BV", "16", ("16", "32"),
+                      "Falcon-2: the state passes' value tile with SOLVE=fused_inv (unproven)")
 # How _pcd_blk_inv forms the inverses (ours): "prod" (the default since 2026-12-04, nineteenth session) or "tile" (the
 # form proven first, the default before: the whole strictly lower [16, 16, BV] L as one register tile, then 16
 # dependent substitution steps, each taking row i out of it by a masked sum, with a cross-warp layout conversion per
@@ -422,9 +430,9 @@ def _pcd_bwd_solve(X, ETA, G, HS, RR, DRHS, SUP, SU, DX32, DX, DV, DETA, DG, T, 
 def _pcd_fwd_state_blk(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K: tl.constexpr,
                    V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    HAS_S0: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr,
-                   SBS: tl.constexpr, INV, USE_INV: tl.constexpr):
-    """_pcd_fwd_state with the per-column solves by SBS-row sub-blocks (_fwd_solve_blocked; ours), USE_INV: with the
-    diagonal blocks' inverses INV from _pcd_blk_inv."""
+                   SBS: tl.constexpr, INV, USE_INV: tl.constexpr, PPREC: tl.constexpr):
+    """_pcd_fwd_state with the per-column solves by SBS-row sub-blocks (_fwd_solve_blocked; ours), USE_INV 1: with the
+    diagonal blocks' inverses INV from _pcd_blk_inv; 2: with those inverses formed in the pass (dots at PPREC)."""
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -441,7 +449,7 @@ def _pcd_fwd_state_blk(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K:
         G += bos * H * V
         RR += bos * H * V
         HS += coff * K * V
-        if USE_INV:
+        if USE_INV == 1:
             INV += bos * H * SBS * V
         hs = h.to(tl.int64)
         b = 0
@@ -464,7 +472,7 @@ def _pcd_fwd_state_blk(X, VV, ETA, G, S0, HS, RR, ST, T, NT, H: tl.constexpr, K:
         tl.store(RR + off, R, mask=vm)
         tl.debug_barrier()
         A = _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H, K, V, C, BK, BV, SBS, PREC,
-                               INV, USE_INV)
+                               INV, USE_INV, PPREC)
         S = S * tl.exp(uC)[None, :] + A
     tl.store(ST + bh64 * K * V + soff, S, mask=smask)
 
@@ -474,10 +482,11 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr,
                    PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr, SBS: tl.constexpr,
-                   F32DOT: tl.constexpr, PREC32: tl.constexpr, INV, USE_INV: tl.constexpr):
+                   F32DOT: tl.constexpr, PREC32: tl.constexpr, INV, USE_INV: tl.constexpr, PPREC: tl.constexpr):
     """_pcd_bwd_state with the transposed solves by SBS-row sub-blocks (_bwd_solve_blocked; ours, experimental;
     F32DOT 1: the solve's dots on fp32 operands at precision PREC32; 2: every dot here, q and x cast up on load;
-    USE_INV: the diagonal blocks solved with the transposes of _pcd_blk_inv's inverses INV).
+    USE_INV 1: the diagonal blocks solved with the transposes of _pcd_blk_inv's inverses INV; 2: of inverses formed
+    in the pass, dots at PPREC).
     Reverse state pass: dH (the gradient of the state after each chunk), the state part of dU, and
     drhs = (I + L)^{-T} (η ⊙ dU) by backward substitution; the solve's right-hand side reads S, so
     dH gains Xᵀ(-e^{u⁻} ⊙ drhs)."""
@@ -500,7 +509,7 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
         DSU += bos * H * V
         DRHS += bos * H * V
         DHS += coff * K * V
-        if USE_INV:
+        if USE_INV == 1:
             INV += bos * H * SBS * V
         hs = h.to(tl.int64)
         b = 0
@@ -537,10 +546,28 @@ def _pcd_bwd_state_blk(Q, X, ETA, G, DO, DUI, DST, DHS, DSU, DRHS, DS0, T, NT, H
         tl.store(DRHS + off, d, mask=vm)
         tl.debug_barrier()
         xd = _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H, K, V, C, BK, BV, SBS,
-                                PREC32 if F32DOT > 0 else PREC, F32DOT > 0, INV, USE_INV)
+                                PREC32 if F32DOT > 0 else PREC, F32DOT > 0, INV, USE_INV, PPREC)
         dH = dH * tl.exp(uC)[None, :] + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(dt), input_precision=OPREC) - xd
     if STORE_DS0:
         tl.store(DS0 + bh64 * K * V + soff, dH, mask=smask)
+
+
+@triton.jit
+def _inv_prod(gram, etaT, uT, upT, j, PPREC: tl.constexpr):
+    """The per-column inverses M = (I + L)^{-1} of one 16-row diagonal block as the product (I - L)(I + L²)(I + L⁴)
+    (I + L⁸) (ours; L strictly lower triangular, so L^16 = 0): L[c, i, s] = [s < i] gram[i, s] e^{u⁻_{i,c} - u_{s,c}}
+    η_{s,c} built column first from the transposed [BV, 16] tiles etaT, uT, upT, then six batched [16, 16]
+    tensor-core dots at PPREC. Returns M as [BV (c), 16 (i), 16 (s)] in fp32."""
+    L = tl.where((j[None, :] < j[:, None])[None, :, :],
+                 gram[None, :, :] * tl.exp(tl.minimum(upT[:, :, None] - uT[:, None, :], 0.)) * etaT[:, None, :], 0.)
+    P = tl.where((j[:, None] == j[None, :])[None, :, :], 1., 0.) - L
+    L2 = tl.dot(L, L, input_precision=PPREC)
+    P += tl.dot(P, L2, input_precision=PPREC)
+    L4 = tl.dot(L2, L2, input_precision=PPREC)
+    P += tl.dot(P, L4, input_precision=PPREC)
+    L8 = tl.dot(L4, L4, input_precision=PPREC)
+    P += tl.dot(P, L8, input_precision=PPREC)
+    return P
 
 
 @triton.jit
@@ -581,21 +608,9 @@ def _pcd_blk_inv(X, ETA, G, INV, T, H: tl.constexpr, K: tl.constexpr, V: tl.cons
         # the column first: [BV (c), SBS (row i or s)]
         vmT = (cv < V)[:, None] & rmask[None, :]
         offT = tok[None, :] * V + cv[:, None]
-        etaT = tl.load(ETA + offT, mask=vmT, other=0.)
         gT = tl.load(G + offT, mask=vmT, other=0.)
         uT = tl.cumsum(gT, 1)
-        upT = uT - gT
-        L = tl.where((j[None, :] < j[:, None])[None, :, :],
-                     gram[None, :, :] * tl.exp(tl.minimum(upT[:, :, None] - uT[:, None, :], 0.)) * etaT[:, None, :],
-                     0.)  # [c, i, s]
-        eye = tl.where((j[:, None] == j[None, :])[None, :, :], 1., 0.)
-        P = eye - L
-        L2 = tl.dot(L, L, input_precision=PPREC)
-        P += tl.dot(P, L2, input_precision=PPREC)
-        L4 = tl.dot(L2, L2, input_precision=PPREC)
-        P += tl.dot(P, L4, input_precision=PPREC)
-        L8 = tl.dot(L4, L4, input_precision=PPREC)
-        P += tl.dot(P, L8, input_precision=PPREC)
+        P = _inv_prod(gram, tl.load(ETA + offT, mask=vmT, other=0.), uT, uT - gT, j, PPREC)  # [c, i, s]
         tl.store(INV + (tok[None, :, None] * SBS + j[None, None, :]) * V + cv[:, None, None],
                  P.to(INV.dtype.element_ty), mask=vmT[:, :, None])
     else:
@@ -658,13 +673,15 @@ def _subst_bwd(d, gram, eta, u, up, i, N: tl.constexpr):
 @triton.jit
 def _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SBS: tl.constexpr,
-                       PREC: tl.constexpr, INV, USE_INV: tl.constexpr):
+                       PREC: tl.constexpr, INV, USE_INV: tl.constexpr, PPREC: tl.constexpr):
     """Chunk n's per-column systems (I + L) R = RHS (RHS in RR, overwritten by R) by SBS-row sub-blocks (ours):
     for s in an earlier sub-block and i in sub-block a, L[i, s] = (x_i·x_s) e^{u⁻_i - u_s} η_s factors through the
     sub-block start a0 as e^{u⁻_i - u_{a0}} · (x_i · A) with A = Σ_s x_s (e^{u_{a0} - u_s} η_s R_s)ᵀ, a [K, BV]
     accumulator: the off-diagonal blocks become tensor-core dots, only the diagonal [SBS, SBS] blocks are
-    substituted (SBS steps of [SBS, BV] work instead of C steps of [C, BV]), or, USE_INV (SOLVE="inv"), solved with
-    their inverses from _pcd_blk_inv (INV [B, T, H, SBS, V]). Every exponent is a within-sub-block difference <= 0.
+    substituted (SBS steps of [SBS, BV] work instead of C steps of [C, BV]), or, USE_INV = 1 (SOLVE="inv",
+    "blocked_inv"), solved with their inverses from _pcd_blk_inv (INV [B, T, H, SBS, V]), or, USE_INV = 2
+    (SOLVE="fused_inv"), with their inverses formed here (_inv_prod's product, dots at PPREC; no INV tensor). Every
+    exponent is a within-sub-block difference <= 0.
     Returns A at the chunk end, Xᵀ (e^{u_C - u} ⊙ η ⊙ R): the state update's increment."""
     j = tl.arange(0, SBS)
     A = tl.zeros([BK, BV], dtype=tl.float32)
@@ -679,8 +696,12 @@ def _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H: tl.co
         upa = ua - ga
         gs = tl.sum(ga, 0)
         ra = tl.load(RR + off, mask=vm, other=0.) - tl.exp(upa) * tl.dot(xa, A.to(xa.dtype), input_precision=PREC)
-        if USE_INV:  # R_a[i, c] = Σ_s M[i, s, c] rhs[s, c]
+        if USE_INV == 1:  # R_a[i, c] = Σ_s M[i, s, c] rhs[s, c]
             ra = tl.sum(_ld_inv(INV, tok, j, cv, vm, V, SBS) * ra[None, :, :], 1)
+        elif USE_INV == 2:  # the same with M [c, i, s] formed here
+            M = _inv_prod(tl.dot(xa, tl.trans(xa), input_precision=PREC), tl.trans(ea), tl.trans(ua), tl.trans(upa),
+                          j, PPREC)
+            ra = tl.trans(tl.sum(M * tl.trans(ra)[:, None, :], 2))
         else:
             ra = _subst_fwd(ra, tl.dot(xa, tl.trans(xa), input_precision=PREC), ea, ua, upa, j, SBS)
         tl.store(RR + off, ra, mask=vm)
@@ -692,13 +713,14 @@ def _fwd_solve_blocked(X, ETA, G, RR, b, h, n, T, ck, kmask, cv, vmask, H: tl.co
 @triton.jit
 def _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SBS: tl.constexpr,
-                       PREC: tl.constexpr, F32DOT: tl.constexpr, INV, USE_INV: tl.constexpr):
+                       PREC: tl.constexpr, F32DOT: tl.constexpr, INV, USE_INV: tl.constexpr, PPREC: tl.constexpr):
     """The transposed solve (I + L)ᵀ drhs = d of chunk n (d in DRHS, overwritten by drhs) by SBS-row sub-blocks,
     last first (ours): for s in sub-block a and i in a later one, L[i, s] drhs_i = η_s e^{u_{a1} - u_s} (x_s · Gc)
     with a1 the sub-block's last row and Gc = Σ_i x_i (e^{u⁻_i - u_{a1}} drhs_i)ᵀ, a [K, BV] accumulator.
     Returns Gc at the chunk start, Xᵀ (e^{u⁻} ⊙ drhs): minus the solve's right-hand side's part of dH.
     F32DOT: the key tile cast to fp32 first, so every dot here runs on fp32 operands (at PREC). USE_INV: the diagonal
-    block's transposed system solved as drhs_s = Σ_i M[i, s] d_i with M from _pcd_blk_inv (INV), not substituted."""
+    block's transposed system solved as drhs_s = Σ_i M[i, s] d_i with M from _pcd_blk_inv (INV, USE_INV = 1) or formed
+    here (_inv_prod, USE_INV = 2), not substituted."""
     j = tl.arange(0, SBS)
     Gc = tl.zeros([BK, BV], dtype=tl.float32)
     NB: tl.constexpr = C // SBS
@@ -717,8 +739,12 @@ def _bwd_solve_blocked(X, ETA, G, DRHS, b, h, n, T, ck, kmask, cv, vmask, H: tl.
         gs = tl.sum(ga, 0)
         da = tl.load(DRHS + off, mask=vm, other=0.) \
             - ea * tl.exp(tl.minimum(gs[None, :] - ua, 0.)) * tl.dot(xa, Gc.to(xa.dtype), input_precision=PREC)
-        if USE_INV:  # drhs[s, c] = Σ_i M[i, s, c] d[i, c]
+        if USE_INV == 1:  # drhs[s, c] = Σ_i M[i, s, c] d[i, c]
             da = tl.sum(_ld_inv(INV, tok, j, cv, vm, V, SBS) * da[:, None, :], 0)
+        elif USE_INV == 2:  # the same with M [c, i, s] formed here
+            M = _inv_prod(tl.dot(xa, tl.trans(xa), input_precision=PREC), tl.trans(ea), tl.trans(ua), tl.trans(upa),
+                          j, PPREC)
+            da = tl.trans(tl.sum(M * tl.trans(da)[:, :, None], 1))
         else:
             da = _subst_bwd(da, tl.dot(xa, tl.trans(xa), input_precision=PREC), ea, ua, upa, j, SBS)
         tl.store(DRHS + off, da, mask=vm)
@@ -834,6 +860,12 @@ def _check_layout(**named):
                              f"shape {tuple(t.shape)}, strides {t.stride()}")
 
 
+def _pprec(prec: str) -> str:
+    """The product-form inverses' dot precision (_inv_prod): tf32 for 16-bit inputs (whose dots run at "tf32"), IEEE
+    fp32 FMA for fp32 inputs."""
+    return "tf32" if prec == "tf32" else "ieee"
+
+
 def block_inverses(x, eta, g, NT, C, BK, prec, va, st):
     """SOLVE="inv" / "blocked_inv": every 16-row sub-block's per-column inverse (I + L_aa)^{-1}, [B, T, H, 16, V] in
     A's dtype (_pcd_blk_inv), over NT chunks (slots, for packed sequences)."""
@@ -842,9 +874,8 @@ def block_inverses(x, eta, g, NT, C, BK, prec, va, st):
     INV = torch.empty(B, T, H, 16, V, dtype=a_dtype(x.dtype), device=x.device)
     prod = INV_FORM == "prod"
     BVi = min(int(INV_BV) if prod else 32, _np2(V))
-    pprec = "tf32" if prec == "tf32" else "ieee"  # the product's dots: tf32 for 16-bit inputs, fp32 FMA for fp32
     _pcd_blk_inv[(NT * (C // 16), B * H, cdiv(V, BVi))](x, eta, g, INV, T, H, K, V, C, BK, BVi, 16, prec, *va,
-                                                       prod, pprec, num_warps=int(INV_WARPS), **st)
+                                                       prod, _pprec(prec), num_warps=int(INV_WARPS), **st)
     return INV
 
 
@@ -863,14 +894,17 @@ def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_s
     inv = SOLVE in ("inv", "blocked_inv")
     # with the inverses, value tiles of at most 32 columns: the applied inverse block is [16, 16, BV] fp32 (offline,
     # sm_90a, 4 warps: at K = 64 with the pass's 64 columns the stack grew 392 -> 576 bytes; with 32, none)
-    BVs = min(BVs, 32) if inv else BVs
+    BVs = min(BVs, 32) if inv else min(BVs, int(FUSED_BV)) if SOLVE == "fused_inv" else BVs
     fargs = (x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T, NT, H, K, V, C, BK, BVs, S0 is not None,
              prec, *va)
+    pprec = _pprec(prec)
     if inv:
         INV = block_inverses(x, eta, g, NT, C, BK, prec, va, st)
-        _pcd_fwd_state_blk[(cdiv(V, BVs), NS * H)](*fargs, 16, INV, True, **st)
+        _pcd_fwd_state_blk[(cdiv(V, BVs), NS * H)](*fargs, 16, INV, 1, pprec, **st)
+    elif SOLVE == "fused_inv":
+        _pcd_fwd_state_blk[(cdiv(V, BVs), NS * H)](*fargs, 16, eta, 2, pprec, **st)
     elif SOLVE in ("fwd", "blocked") and C > 16:
-        _pcd_fwd_state_blk[(cdiv(V, BVs), NS * H)](*fargs, 16, eta, False, **st)
+        _pcd_fwd_state_blk[(cdiv(V, BVs), NS * H)](*fargs, 16, eta, 0, pprec, **st)
     else:
         _pcd_fwd_state[(cdiv(V, BVs), NS * H)](*fargs, **st)
     OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
@@ -917,7 +951,7 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     # with wgmma m64n8k8 instructions (Triton 3.6); with BV = 32 it compiles to the m64n16k8 / m64n32k8 / mma.sync
     # mix of the builds that pass (experiments/h200/pcd_offline_compile.py). Masked columns cost nothing in bounds.
     BVb = max(BVs, 32) if q.dtype == torch.float32 else BVs
-    rev_inv = SOLVE == "blocked_inv"  # the reverse pass by sub-blocks with the diagonal blocks' inverses
+    rev_inv = SOLVE in ("blocked_inv", "fused_inv")  # the reverse pass by sub-blocks with the diagonal blocks' inverses
     rev_blk = rev_inv or (SOLVE == "blocked" and C > 16)
     if rev_blk:
         if dev.type == "cuda" and BLK_BWD != PROVEN_BLK_BWD and not UNPROVEN:
@@ -927,10 +961,12 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
         BVb = BLK_BWD[1] or BVb
         if rev_inv:
             BVb = min(BVb, 32)  # the [16, 16, BV] fp32 inverse block, as in the forward
+        if SOLVE == "fused_inv":
+            BVb = min(BVb, int(FUSED_BV))
     bargs = (q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS, DS0 if DS0 is not None else eta,
              T, NT, H, K, V, C, BK, BVb, read_after, dST is not None, need_ds0, prec, *va)
     if rev_blk:
-        if not rev_inv:
+        if not rev_inv or SOLVE == "fused_inv":
             INV = eta
         elif kept.numel():  # the forward's (INV_KEEP="save")
             _check_layout(INV=(kept, (B, T, H, 16, V)))
@@ -938,7 +974,8 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
         else:
             INV = block_inverses(x, eta, g, NT, C, BK, prec, va, st)
         _pcd_bwd_state_blk[(cdiv(V, BVb), NS * H)](*bargs, 16, BLK_BWD[2], _prec(torch.float32, allow_tf32, dev, K, V),
-                                                   INV, rev_inv, num_warps=BLK_BWD[0],
+                                                   INV, 2 if SOLVE == "fused_inv" else int(rev_inv), _pprec(prec),
+                                                   num_warps=BLK_BWD[0],
                                                    **({**st, "num_stages": 1} if BLK_BWD[3] else st))
         del INV
     else:
