@@ -209,8 +209,9 @@ CASES += [_c(f"F2-invtile-{n}", delta=True, per_col=True, seed=175 + i, inv_form
           for i, (n, kw) in enumerate(F2_INV[:3:2])]
 CASES += [_c(f"F2-invprod-bv32-{n}", delta=True, per_col=True, seed=177 + i, inv_bv="32", **kw)
           for i, (n, kw) in enumerate(F2_INV[1::2])]
-# ... and the inverses formed inside both state passes (solve="fused_inv": FALCON_TRITON_2_SOLVE=fused_inv, opt-in, not
-# yet run on the GPU; no INV tensor) with both of its value tiles (FALCON_TRITON_2_FUSED_BV; V = 80: a masked rest)
+# ... and the inverses formed inside both state passes (solve="fused_inv": FALCON_TRITON_2_SOLVE=fused_inv, opt-in,
+# proven on the H200 with 16 columns; no INV tensor) with both of its value tiles (FALCON_TRITON_2_FUSED_BV; V = 80: a
+# masked rest)
 CASES += [_c(f"F2-fused-{n}-bv{bv}", delta=True, per_col=True, seed=190 + i, solve="fused_inv", fused_bv=bv, **kw)
           for i, ((n, kw), bv) in enumerate(zip(F2_INV, ("16", "32", "16", "32")))]
 # ... the backward reading the forward's inverses (inv_keep="save": FALCON_TRITON_2_INV_KEEP=save, opt-in, proven on the

@@ -79,17 +79,23 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # 0.797 / 0.773 / 0.962x and "blocked_inv" 0.777 / 0.581 / 0.532 / 0.865x "fwd"'s time at 16x2048x12x64,
 # 1x32768x6x128, 4x8192x12x64, 16x2048x6x128 (op peak +48 MB): "blocked_inv" the default since then. Its reverse pass
 # with 16-bit dots (FALCON_TRITON_2_BLK_BWD=4,0) fails the gradients (rows 1, 7, 10, 23, 27: 0.16-0.42 off) as before.
-# "fused_inv" (ours, 2026-12-04, nineteenth session; interpreter-tested, unproven): "blocked_inv" with each diagonal
-# block's inverses formed inside the two state passes (_inv_prod, the product form of INV_FORM="prod", per sub-block
-# on the sequential path) instead of by _pcd_blk_inv: no INV tensor (16 values per token, head and column; 0.8 GB at
+# "fused_inv" (ours, 2026-12-04, nineteenth session; proven, opt-in): "blocked_inv" with each diagonal block's
+# inverses formed inside the two state passes (_inv_prod, the product form of INV_FORM="prod", per sub-block on the
+# sequential path) instead of by _pcd_blk_inv: no INV tensor (16 values per token, head and column; 0.8 GB at
 # (16, 2048, 12, 64) bf16) and no _pcd_blk_inv launches (2 x 1.43 ms there, kernels_2026-12-04c/call3), for more
-# latency per sub-block in the passes. Value tiles of FUSED_BV columns in both passes.
+# latency per sub-block in the passes. Value tiles of FUSED_BV columns in both passes. On the H200 (51178bf,
+# kernels_2026-12-04c/call5): all 29 rows of `bench check --variants 2` pass with it (16 columns); in one process
+# against "blocked_inv" Falcon-2's fwd+bwd was 0.991 / 1.217 / 0.972 / 1.217x at (16, 2048, 12, 64),
+# (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128) (32 columns 1.12-1.87x): a little faster at K = 64,
+# slower at K = 128, where the passes spill (offline, sm_90a: the reverse pass 1.6-2 KB of stack at K = 128 either
+# way, the forward 64 -> 256 bytes) and the latency the passes gain is on the sequential path; the op's peak only
+# -48 MB (INV was freed before the peak, which is in the backward). Not the default.
 SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "blocked_inv",
                    ("rows", "fwd", "blocked", "inv", "blocked_inv", "fused_inv"),
                    "Falcon-2: the state passes' per-column solves by rows, 16-row sub-blocks or block inverses, "
-                   "precomputed or formed in the passes (proven: blocked_inv, inv, fwd, rows)")
+                   "precomputed or formed in the passes (proven: blocked_inv, fused_inv, inv, fwd, rows)")
 FUSED_BV = env_choice("FALCON_TRITON_2_FUSED_BV", "16", ("16", "32"),
-                      "Falcon-2: the state passes' value tile with SOLVE=fused_inv (unproven)")
+                      "Falcon-2: the state passes' value tile with SOLVE=fused_inv (32: unproven)")
 # How _pcd_blk_inv forms the inverses (ours): "prod" (the default since 2026-12-04, nineteenth session) or "tile" (the
 # form proven first, the default before: the whole strictly lower [16, 16, BV] L as one register tile, then 16
 # dependent substitution steps, each taking row i out of it by a masked sum, with a cross-warp layout conversion per
