@@ -487,7 +487,9 @@ SWITCHES = [
     (KT[:-1], "_TF32", "FALCON_TRITON_TF32", None, "on", "FALCON_TRITON_TF32 must be '0' or '1', got 'on'"),
     # Falcon-2's forward state pass by sub-blocks; =rows the row substitution, =blocked both passes by blocks
     (KT + "percol_delta", "SOLVE", "FALCON_TRITON_2_SOLVE", "blocked_inv", "block",
-     "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd', 'blocked', 'inv' or 'blocked_inv', got 'block'"),
+     "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd', 'blocked', 'inv', 'blocked_inv' or 'fused_inv', got 'block'"),
+    (KT + "percol_delta", "FUSED_BV", "FALCON_TRITON_2_FUSED_BV", "16", "64",
+     "FALCON_TRITON_2_FUSED_BV must be '16' or '32', got '64'"),
     (KT + "percol_delta", "INV_FORM", "FALCON_TRITON_2_INV", "prod", "rows",
      "FALCON_TRITON_2_INV must be 'tile' or 'prod', got 'rows'"),
     (KT + "percol_delta", "INV_BV", "FALCON_TRITON_2_INV_BV", "16", "64",

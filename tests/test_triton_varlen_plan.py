@@ -37,17 +37,18 @@ def test_which_calls_run_natively():
     one, two_a, three, three_a = (FalconSpec.from_variant(v) for v in ("1", "2A", "3", "3A"))
     assert varlen_check(one, window=1, device_type="cpu")[0] and varlen_check(two_a, window=1, device_type="cpu")[0]
     assert varlen_check(three, window=4, device_type="cpu")[0]  # its host expansion, packed
-    # Falcon-3A: natively under either FALCON_TRITON_3A, the banded default included (core runs a packed call as the
-    # W scans: the banded kernel has no packed form); never padded for it
-    prev = kt._FALCON_3A
+    # Falcon-3A: natively under either FALCON_TRITON_3A and FALCON_TRITON_3A_PACKED (core runs a packed call as its
+    # banded scan, the packed default since 2026-12-04, or as the W scans); never padded for it
+    prev, prev_packed = kt._FALCON_3A, kt._FALCON_3A_PACKED
     try:
-        for mode in ("banded", "scans"):
-            kt._FALCON_3A = mode
+        for mode, packed, how in (("banded", "banded", "banded scan"), ("banded", "scans", "W scans"),
+                                  ("scans", "banded", "W scans"), ("scans", "scans", "W scans")):
+            kt._FALCON_3A, kt._FALCON_3A_PACKED = mode, packed
             ok, why = varlen_check(three_a, window=4, device_type="cpu")
-            assert ok and "W scans" in why, (mode, why)
+            assert ok and how in why, (mode, packed, why)
             assert varlen_check(three, window=4, device_type="cpu")[0]  # the 3A switch is not Falcon-3's
     finally:
-        kt._FALCON_3A = prev
+        kt._FALCON_3A, kt._FALCON_3A_PACKED = prev, prev_packed
     # Falcon-3: natively on its expansion under either FALCON_TRITON_3, the in-place default included (core runs a
     # packed call on the expansion: the in-place pseudo-tokens have no packed form); never padded for it
     in_place = kt._FALCON_3
@@ -65,11 +66,12 @@ def test_which_calls_run_natively():
     assert varlen_check(three_a, window=4, device_type="cuda")[0] == ("3A" in PROVEN_VARLEN or kt._UNPROVEN)
 
 
-def test_a_packed_falcon_3a_call_runs_the_scans_under_the_banded_default(monkeypatch):
-    """With FALCON_TRITON_3A=banded (the default) `core` takes the banded kernel for an unpacked Falcon-3A call and the
-    W scans, reading cu_seqlens, for a packed one (as the public op calls it when varlen_check says native), and the
-    scans too for a window the banded kernel does not take (W > 16). The kernel families are stubbed: which family
-    each call launched, with which cu_seqlens, no kernels."""
+def test_a_packed_falcon_3a_call_follows_the_packed_switch(monkeypatch):
+    """With FALCON_TRITON_3A=banded (the default) `core` takes the banded kernel for an unpacked Falcon-3A call and, for
+    a packed one (as the public op calls it when varlen_check says native), the banded kernel reading cu_seqlens under
+    FALCON_TRITON_3A_PACKED=banded (the default since 2026-12-04) or the W scans reading them under =scans; the scans
+    too for a window the banded kernel does not take (W > 16). The kernel families are stubbed: which family each call
+    launched, with which cu_seqlens, no kernels."""
     import falcon_lab.kernels.triton as kt
 
     calls = []
@@ -82,6 +84,7 @@ def test_a_packed_falcon_3a_call_runs_the_scans_under_the_banded_default(monkeyp
     monkeypatch.setattr(kt, "chunk_core", fake_chunk_core)
     monkeypatch.setattr(kt, "_INTERPRET", True)  # CPU tensors: past core's interpreter check (nothing is launched)
     monkeypatch.setattr(kt, "_FALCON_3A", "banded")
+    monkeypatch.setattr(kt, "_FALCON_3A_PACKED", "banded")
 
     def run(W, cu=None, **kw):
         calls.clear()
@@ -95,7 +98,10 @@ def test_a_packed_falcon_3a_call_runs_the_scans_under_the_banded_default(monkeyp
 
     cu = torch.tensor([0, 7, 20])
     assert run(4) == [("window_linear", False)]  # the banded default, unpacked
-    assert run(4, cu) == [("scalar", True)] * 4  # packed: the W scans, natively
+    assert run(4, cu) == [("window_linear", True)]  # packed: the banded scan, natively
+    monkeypatch.setattr(kt, "_FALCON_3A_PACKED", "scans")
+    assert run(4, cu) == [("scalar", True)] * 4  # packed under =scans: the W scans, natively
+    monkeypatch.setattr(kt, "_FALCON_3A_PACKED", "banded")
     assert run(17) == [("scalar", False)] * 17  # beyond the banded kernel's window: the scans
     assert run(4, fused_window=False) == [("scalar", False)] * 4  # the per-call opt-out
     monkeypatch.setattr(kt, "_FALCON_3A", "scans")
