@@ -18,6 +18,19 @@ def test_parse_switch():
             t.parse_switch(bad)
 
 
+def test_values_take_the_type_of_the_attribute_they_replace():
+    """switch_ab.py sets module attributes: a value for an int or bool attribute is converted (the string '16' in an
+    int switch broke an A/B on the H200, 2026-12-04), strings stay strings, and a bad value fails before any timing."""
+    t = _tool()
+    assert t.typed_value("16", "32") == "32" and t.typed_value(16, "32") == 32
+    assert t.typed_value(True, "0") is False and t.typed_value(False, "true") is True
+    assert t.typed_value(16, "default") == "default"
+    with pytest.raises(SystemExit, match="not an integer"):
+        t.typed_value(16, "wide", "percol_delta.X")
+    with pytest.raises(SystemExit, match="environment variable"):
+        t.typed_value((4, 0, 2, False), "4,0", "percol_delta.BLK_BWD")
+
+
 def test_rounds_alternate_the_order():
     t = _tool()
     assert [t.round_order(["a", "b", "c"], r) for r in range(3)] == [["a", "b", "c"], ["c", "b", "a"],

@@ -46,6 +46,26 @@ def parse_switch(text: str):
     return module, attr, vals
 
 
+def typed_value(default, text: str, name: str = "switch"):
+    """A switch value from the command line as the type of the attribute it replaces (ours): most switches are
+    strings (what env_choice returns), but a module attribute read as an int or a bool would take the string '16'
+    as a different value and fail inside a kernel launch (2026-12-04: a switch read as an int broke a whole A/B);
+    'default' stays as it is (the attribute's own value). A type it cannot set from text fails at start-up."""
+    if text == "default" or isinstance(default, str):
+        return text
+    if isinstance(default, bool):
+        if text not in ("0", "1", "True", "False", "true", "false"):
+            raise SystemExit(f"{name}: {text!r} is not a boolean (0/1, true/false)")
+        return text in ("1", "True", "true")
+    if isinstance(default, int):
+        try:
+            return int(text)
+        except ValueError:
+            raise SystemExit(f"{name}: {text!r} is not an integer") from None
+    raise SystemExit(f"{name} is a {type(default).__name__}: set it through its environment variable (AB_ENV), not "
+                     "--switch")
+
+
 def module_path(module: str) -> str:
     """'chunk' -> falcon_lab.kernels.triton.chunk; 'triton' -> the package itself (its switches: _FALCON_3, _FALCON_3A,
     _PREP, _VARLEN, read at call time by `core`)."""
@@ -148,6 +168,8 @@ def main():
         if not hasattr(mod, attr):
             raise SystemExit(f"{module_path(module)} has no attribute {attr!r}")
         defaults[(module, attr)] = getattr(mod, attr)
+    # every value as its attribute's type, checked before any timing
+    typed = {(m, k, v): typed_value(defaults[(m, k)], v, f"{m}.{k}") for m, k, vals in switches for v in vals}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(switch=" ".join(a.switch), default={f"{m}.{k}": str(v) for (m, k), v in defaults.items()},
@@ -161,7 +183,8 @@ def main():
                 for r in range(a.reps):
                     for label, setting in round_order(combos, r):
                         for module, attr, v in setting:
-                            setattr(mods[module], attr, defaults[(module, attr)] if v == "default" else v)
+                            setattr(mods[module], attr,
+                                    defaults[(module, attr)] if v == "default" else typed[(module, attr, v)])
                         m = measure(op, shape)
                         m["sel_ms"] = selected_ms(m.get("kernel_ms", {}), a.kernels)
                         rows.append(dict(op=op, shape=list(shape), value=label, round=r, **m))
