@@ -203,17 +203,14 @@ CASES += [_c(f"F2-inv-{n}", delta=True, per_col=True, seed=160 + i, solve="inv",
 CASES += [_c(f"F2-fwd-{n}", delta=True, per_col=True, seed=170 + i, solve="fwd", **kw)
           for i, (n, kw) in enumerate(F2_INV)]
 # ... and _pcd_blk_inv by substitution steps over one [16, 16, BV] tile (inv_form="tile": FALCON_TRITON_2_INV=tile,
-# proven, the default before 2026-12-04; every other F2 case runs the product form with 16-column tiles), and the
-# product with 32-column tiles (FALCON_TRITON_2_INV_BV=32, opt-in, unproven; at V = 20 and 80 a masked rest)
+# proven, the default before 2026-12-04; every other F2 case runs the product form with 16-column tiles: at V = 20 and
+# 80 a masked rest)
 CASES += [_c(f"F2-invtile-{n}", delta=True, per_col=True, seed=175 + i, inv_form="tile", **kw)
           for i, (n, kw) in enumerate(F2_INV[:3:2])]
-CASES += [_c(f"F2-invprod-bv32-{n}", delta=True, per_col=True, seed=177 + i, inv_bv="32", **kw)
-          for i, (n, kw) in enumerate(F2_INV[1::2])]
 # ... and the inverses formed inside both state passes (solve="fused_inv": FALCON_TRITON_2_SOLVE=fused_inv, opt-in,
-# proven on the H200 with 16 columns; no INV tensor) with both of its value tiles (FALCON_TRITON_2_FUSED_BV; V = 80: a
-# masked rest)
-CASES += [_c(f"F2-fused-{n}-bv{bv}", delta=True, per_col=True, seed=190 + i, solve="fused_inv", fused_bv=bv, **kw)
-          for i, ((n, kw), bv) in enumerate(zip(F2_INV, ("16", "32", "16", "32")))]
+# proven on the H200; no INV tensor; 16-column tiles, at V = 20 and 80 a masked rest)
+CASES += [_c(f"F2-fused-{n}", delta=True, per_col=True, seed=190 + i, solve="fused_inv", **kw)
+          for i, (n, kw) in enumerate(F2_INV)]
 # ... the backward reading the forward's inverses (inv_keep="save": FALCON_TRITON_2_INV_KEEP=save, opt-in, proven on the
 # H200 2026-12-04) with both value tiles of _pcd_bwd_solve_blk (FALCON_TRITON_2_SOLVE_BLK_BV: 64 the default since then,
 # which every other F2 case runs; at V = 80 it leaves a masked rest), and _pc_fwd_intra_sb's former 32-column tile
@@ -488,12 +485,8 @@ SWITCHES = [
     # Falcon-2's forward state pass by sub-blocks; =rows the row substitution, =blocked both passes by blocks
     (KT + "percol_delta", "SOLVE", "FALCON_TRITON_2_SOLVE", "blocked_inv", "block",
      "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd', 'blocked', 'inv', 'blocked_inv' or 'fused_inv', got 'block'"),
-    (KT + "percol_delta", "FUSED_BV", "FALCON_TRITON_2_FUSED_BV", "16", "64",
-     "FALCON_TRITON_2_FUSED_BV must be '16' or '32', got '64'"),
     (KT + "percol_delta", "INV_FORM", "FALCON_TRITON_2_INV", "prod", "rows",
      "FALCON_TRITON_2_INV must be 'tile' or 'prod', got 'rows'"),
-    (KT + "percol_delta", "INV_BV", "FALCON_TRITON_2_INV_BV", "16", "64",
-     "FALCON_TRITON_2_INV_BV must be '16' or '32', got '64'"),
     (KT + "percol_delta", "INV_WARPS", "FALCON_TRITON_2_INV_WARPS", "4", "2",
      "FALCON_TRITON_2_INV_WARPS must be '4' or '8', got '2'"),
     (KT + "percol_delta", "INV_KEEP", "FALCON_TRITON_2_INV_KEEP", "recompute", "keep",

@@ -83,7 +83,7 @@ from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
 # inverses formed inside the two state passes (_inv_prod, the product form of INV_FORM="prod", per sub-block on the
 # sequential path) instead of by _pcd_blk_inv: no INV tensor (16 values per token, head and column; 0.8 GB at
 # (16, 2048, 12, 64) bf16) and no _pcd_blk_inv launches (2 x 1.43 ms there, kernels_2026-12-04c/call3), for more
-# latency per sub-block in the passes. Value tiles of FUSED_BV columns in both passes. On the H200 (51178bf,
+# latency per sub-block in the passes. Value tiles of FUSED_BV = 16 columns in both passes. On the H200 (51178bf,
 # kernels_2026-12-04c/call5): all 29 rows of `bench check --variants 2` pass with it (16 columns); in one process
 # against "blocked_inv" Falcon-2's fwd+bwd was 0.991 / 1.217 / 0.972 / 1.217x at (16, 2048, 12, 64),
 # (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128) (32 columns 1.12-1.87x): a little faster at K = 64,
@@ -94,8 +94,7 @@ SOLVE = env_choice("FALCON_TRITON_2_SOLVE", "blocked_inv",
                    ("rows", "fwd", "blocked", "inv", "blocked_inv", "fused_inv"),
                    "Falcon-2: the state passes' per-column solves by rows, 16-row sub-blocks or block inverses, "
                    "precomputed or formed in the passes (proven: blocked_inv, fused_inv, inv, fwd, rows)")
-FUSED_BV = env_choice("FALCON_TRITON_2_FUSED_BV", "16", ("16", "32"),
-                      "Falcon-2: the state passes' value tile with SOLVE=fused_inv (32: unproven)")
+FUSED_BV = 16  # the fused passes' value tile: 32 columns spilled and took 1.12-1.87x the time (call5)
 # How _pcd_blk_inv forms the inverses (ours): "prod" (the default since 2026-12-04, nineteenth session) or "tile" (the
 # form proven first, the default before: the whole strictly lower [16, 16, BV] L as one register tile, then 16
 # dependent substitution steps, each taking row i out of it by a masked sum, with a cross-warp layout conversion per
@@ -112,10 +111,10 @@ FUSED_BV = env_choice("FALCON_TRITON_2_FUSED_BV", "16", ("16", "32"),
 INV_FORM = env_choice("FALCON_TRITON_2_INV", "prod", ("tile", "prod"),
                       "Falcon-2: _pcd_blk_inv as a product of batched tensor-core dots or by substitution steps over "
                       "one [16, 16, BV] tile (both proven)")
-# ... "prod"'s value tile (ours): 16 columns a program (proven; [BV, 16, 16] fp32 tiles: L, the product and one power
-# alive at once) or 32 (unproven; offline 255 registers and 12 bytes of spills at 4 warps; 1.01x the time of 16).
-INV_BV = env_choice("FALCON_TRITON_2_INV_BV", "16", ("16", "32"), "Falcon-2: _pcd_blk_inv's value tile with "
-                    "INV_FORM=prod (32: unproven)")
+# ... "prod"'s value tile (ours): 16 columns a program ([BV, 16, 16] fp32 tiles: L, the product and one power alive at
+# once); 32 needed 255 registers and spilled at 4 warps offline and took 1.01x the time on the H200 (call2 of
+# kernels_2026-12-04c), so it is not a switch.
+INV_BV = 16
 # ... and its launch's warps (ours): 4 (proven) or 8 (unproven). Offline (sm_90a, Triton 3.6, bf16, K = 64, C = 64,
 # 32-column tiles) 4 warps need 247 registers a thread with the tile, 235 with rows (2 programs, 8 warps, an SM); at 8
 # warps 134 / 125 (16 warps an SM) and 872 / 624 SASS instructions against 1360 / 984. On the H200 (2026-12-04, one
@@ -879,7 +878,7 @@ def block_inverses(x, eta, g, NT, C, BK, prec, va, st):
     V = eta.shape[-1]
     INV = torch.empty(B, T, H, 16, V, dtype=a_dtype(x.dtype), device=x.device)
     prod = INV_FORM == "prod"
-    BVi = min(int(INV_BV) if prod else 32, _np2(V))
+    BVi = min(INV_BV if prod else 32, _np2(V))
     _pcd_blk_inv[(NT * (C // 16), B * H, cdiv(V, BVi))](x, eta, g, INV, T, H, K, V, C, BK, BVi, 16, prec, *va,
                                                        prod, _pprec(prec), num_warps=int(INV_WARPS), **st)
     return INV
@@ -900,7 +899,7 @@ def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_s
     inv = SOLVE in ("inv", "blocked_inv")
     # with the inverses, value tiles of at most 32 columns: the applied inverse block is [16, 16, BV] fp32 (offline,
     # sm_90a, 4 warps: at K = 64 with the pass's 64 columns the stack grew 392 -> 576 bytes; with 32, none)
-    BVs = min(BVs, 32) if inv else min(BVs, int(FUSED_BV)) if SOLVE == "fused_inv" else BVs
+    BVs = min(BVs, 32) if inv else min(BVs, FUSED_BV) if SOLVE == "fused_inv" else BVs
     fargs = (x, v, eta, g, S0 if S0 is not None else eta, HS, RR, ST, T, NT, H, K, V, C, BK, BVs, S0 is not None,
              prec, *va)
     pprec = _pprec(prec)
@@ -968,7 +967,7 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
         if rev_inv:
             BVb = min(BVb, 32)  # the [16, 16, BV] fp32 inverse block, as in the forward
         if SOLVE == "fused_inv":
-            BVb = min(BVb, int(FUSED_BV))
+            BVb = min(BVb, FUSED_BV)
     bargs = (q, x, eta, g, dO, DUI, dST if dST is not None else eta, DHS, DSU, DRHS, DS0 if DS0 is not None else eta,
              T, NT, H, K, V, C, BK, BVb, read_after, dST is not None, need_ds0, prec, *va)
     if rev_blk:
