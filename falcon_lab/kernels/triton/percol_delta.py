@@ -123,7 +123,8 @@ INV_BV = 16
 # rows 1-5 of Falcon-2's check passed with rows at 8 warps. Neither was the default. With the product form (2026-12-04,
 # nineteenth session, kernels_2026-12-04c/call4): 8 warps pass all 29 rows of `bench check --variants 2` but take
 # 1.010-1.026x the time (the two launches 2.83 -> 3.28 ms at (16, 2048, 12, 64)); 4 stays the default.
-INV_WARPS = env_choice("FALCON_TRITON_2_INV_WARPS", "4", ("4", "8"), "Falcon-2: _pcd_blk_inv's warps (both proven)")
+INV_WARPS = env_choice("FALCON_TRITON_2_INV_WARPS", "4", ("4", "8"),
+                       "Falcon-2: _pcd_blk_inv's warps (8: proven with INV_FORM=prod only)")
 # Whether the backward reuses the forward's block inverses (ours, 2026-12-04, eighteenth session): "recompute" (the
 # default: with SOLVE="blocked_inv" the backward launches _pcd_blk_inv again) or "save" (the forward's INV is kept as
 # a saved tensor and the backward reads it: one launch fewer). The same values either way (the same kernel on the
