@@ -220,11 +220,6 @@ CASES += [_c(f"F2-invkeep-{n}-bv{bv}", delta=True, per_col=True, seed=180 + i, i
           for i, ((n, kw), bv) in enumerate(zip([F2_INV[0], F2_INV[3]], ("32", "64")))]
 CASES.append(_c("F2A-fwdsb-bv32-fp16-C64-K48-V80", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=48, V=80,
                 dtype="float16", seed=186, fwd_sb_bv="32"))
-# ... and _pc_bwd_rows' and _pc_bwd_cols' 64-column tiles (FALCON_TRITON_2A_ROWS_BV=64, _COLS_BV=64; opt-in, unproven,
-# no faster on the H200): V = 80 (a masked rest) and V = 64 (one tile), both grids of _pc_bwd_rows
-CASES += [_c(f"F2A-bwd64-{rg}-fp16-C64-K48-V{V}", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=48, V=V,
-             dtype="float16", seed=188 + i, rows_bv="64", cols_bv="64", rows_grid=rg)
-          for i, (V, rg) in enumerate(((80, "tile"), (64, "block")))]
 # chunk.py's backward in three kernels (_bwd_cc, _bwd_dqdx, _bwd_gate): beside the cases above, K = 80 (two key tiles
 # of 64 and a partial one's mask) and Falcon-1A with K = 128, V = 80 (two key tiles, value blocks of 64 and a masked
 # rest)
@@ -456,7 +451,7 @@ SWITCHES = [
     (KT + "percol", "FWD_GRID", "FALCON_TRITON_2A_FWD_GRID", "block", "blocks",
      "FALCON_TRITON_2A_FWD_GRID must be 'block' or 'chunk', got 'blocks'"),
     (KT + "percol", "ROWS_BV", "FALCON_TRITON_2A_ROWS_BV", "32", "128",
-     "FALCON_TRITON_2A_ROWS_BV must be '32', '16' or '64', got '128'"),
+     "FALCON_TRITON_2A_ROWS_BV must be '32' or '16', got '128'"),
     (KT + "percol", "ROWS_GRID", "FALCON_TRITON_2A_ROWS_GRID", "tile", "tiles",
      "FALCON_TRITON_2A_ROWS_GRID must be 'tile' or 'block', got 'tiles'"),
     (KT + "common", "FP32_DOT", "FALCON_TRITON_FP32_DOT", "tf32x3", "fp64",
@@ -499,8 +494,6 @@ SWITCHES = [
      "FALCON_TRITON_2A_FWD_SB_WARPS must be '4' or '8', got '2'"),
     (KT + "percol", "FWD_SB_BV", "FALCON_TRITON_2A_FWD_SB_BV", "64", "128",
      "FALCON_TRITON_2A_FWD_SB_BV must be '32' or '64', got '128'"),
-    (KT + "percol", "COLS_BV", "FALCON_TRITON_2A_COLS_BV", "32", "16",
-     "FALCON_TRITON_2A_COLS_BV must be '32' or '64', got '16'"),
     # ... and its solve's gradients by sub-blocks; =exact the broadcast
     (KT + "percol_delta", "BWD_SOLVE", "FALCON_TRITON_2_BWD_SOLVE", "blocked", None, None),
     # the blocked reverse pass's launch ("4,0,x32", the one proven on the H200)

@@ -197,8 +197,7 @@ if __name__ == "__main__":
     default_blk_bwd = kpdelta.BLK_BWD
     default_inv_keep = kpdelta.INV_KEEP
     default_launch = {(m, a): getattr(m, a) for m, a in ((kpdelta, "SOLVE_BLK_WARPS"), (kpdelta, "SOLVE_BLK_BV"),
-                                                          (kpercol, "FWD_SB_WARPS"), (kpercol, "FWD_SB_BV"),
-                                                          (kpercol, "COLS_BV"))}
+                                                          (kpercol, "FWD_SB_WARPS"), (kpercol, "FWD_SB_BV"))}
     for c in cases:
         # what FALCON_TRITON_3A=banded / =scans sets; neither: the default (banded since 2026-12-03) or the env's
         kt._FALCON_3A = "banded" if c.get("banded") else "scans" if c.get("scans") else default_3a
@@ -213,7 +212,7 @@ if __name__ == "__main__":
         kpdelta.INV_FORM = c.get("inv_form", default_inv_form)  # what FALCON_TRITON_2_INV sets
         kpdelta.BLK_BWD = tuple(c.get("blk_bwd", default_blk_bwd))  # what FALCON_TRITON_2_BLK_BWD sets
         kpdelta.INV_KEEP = c.get("inv_keep", default_inv_keep)  # what FALCON_TRITON_2_INV_KEEP sets
-        for (m, a), d in default_launch.items():  # ..._2_SOLVE_BLK_{WARPS,BV}, _2A_FWD_SB_{WARPS,BV}, _2A_COLS_BV
+        for (m, a), d in default_launch.items():  # ..._2_SOLVE_BLK_{WARPS,BV}, _2A_FWD_SB_{WARPS,BV}
             setattr(m, a, c.get(a.lower(), d))
         kcommon.STATE_BV = c.get("state_bv", default_state_bv)  # what FALCON_TRITON_STATE_BV sets
         kchunk.A_DTYPE = c.get("a_dtype", default_a_dtype)  # what FALCON_TRITON_A_DTYPE sets

@@ -70,15 +70,11 @@ FWD_SB_BV = env_choice("FALCON_TRITON_2A_FWD_SB_BV", "64", ("32", "64"),
 # value loop; written after the same profile put _pc_bwd_rows at 4.09 ms of Falcon-2A's 9.9, the largest kernel). In
 # the same process on the H200 "16" was slower at every shape (1.03-1.06x Falcon-2A's fwd+bwd; kernels_2026-12-03g),
 # so it stays opt-in and unproven (interpreter-tested only).
-# "64" (2026-12-04, eighteenth session, after 64-column tiles made _pc_fwd_intra_sb 1.90 -> 1.16 ms on the H200;
-# interpreter-tested, not proven): one program per sub-block at V = 64, half M's scratch parts (-96 MB peak). In one
-# process on the H200 (kernels_2026-12-04b/call5) slower: Falcon-2A 1.036-1.050x at the four shapes.
-ROWS_BV = env_choice("FALCON_TRITON_2A_ROWS_BV", "32", ("32", "16", "64"),
-                     "Falcon-2A/-2: _pc_bwd_rows' value tile (16, 64: opt-in, unproven)")
-# _pc_bwd_cols' value tile (ours): "32" (proven) or "64" (the same session and reason as ROWS_BV's "64"; unproven;
-# Falcon-2A 1.002-1.014x in the same call: no gain).
-COLS_BV = env_choice("FALCON_TRITON_2A_COLS_BV", "32", ("32", "64"),
-                     "Falcon-2A/-2: _pc_bwd_cols' value tile (64: opt-in, unproven)")
+# A "64" (2026-12-04, eighteenth session: one program per sub-block at V = 64, half M's scratch parts, -96 MB peak) was
+# slower in one process on the H200 (kernels_2026-12-04b/call5: Falcon-2A 1.036-1.050x), as were 64-column tiles for
+# _pc_bwd_cols (1.002-1.014x); both were removed in the nineteenth session (_pc_bwd_cols keeps 32 columns).
+ROWS_BV = env_choice("FALCON_TRITON_2A_ROWS_BV", "32", ("32", "16"),
+                     "Falcon-2A/-2: _pc_bwd_rows' value tile (16: opt-in, unproven, slower)")
 # _pc_bwd_rows' grid (ours): "tile" (one program per sub-block and value tile, 4 warps, as _pc_bwd_cols; its parts of
 # M side by side in an fp32 scratch of V / BV times M's size, summed in _pc_bwd_main; the default since 2026-12-03,
 # sixteenth session: the 2A and 2 sweeps 58/58 on the H200, Falcon-2A 0.82-0.92x and Falcon-2 0.94-0.99x the time in
@@ -692,7 +688,7 @@ def bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta,
     NMP = 1
     if blocked:
         NB = C // 16
-        BVi = min(int(COLS_BV), _np2(V))
+        BVi = min(32, _np2(V))
         BVr = min(int(ROWS_BV), _np2(V))
         tiled = ROWS_GRID == "tile"
         NMP = cdiv(V, BVr) if tiled else 1  # M's parts, one per value tile, summed in _pc_bwd_main
