@@ -79,6 +79,16 @@ WL_BAND = [("W4-before-C32", dict(W=4, after=False, C=32, T=45)),
            ("W2-fp16", dict(W=2, dtype="float16"))]
 CASES += [_c(f"F3A-shifted-{n}", delta=False, seed=150 + i, fused=True, wl_weights="shifted", **kw)
           for i, (n, kw) in enumerate(WL_BAND)]
+# Falcon-3A as one Falcon-1A scan of completed pair weights plus a band (delayed=True: FALCON_TRITON_3A=delayed,
+# window_delayed.py, ours): both read orders, W = 2 / 4 / 16 (W > T), every chunk size, strong decay, fp16, no S0 /
+# no dS_T, K != V with masked tiles
+WD = [("W4-after-C16", dict(W=4)),
+      ("W4-before-C32-T45", dict(W=4, after=False, C=32, T=45)),
+      ("W16-C64-T12-no-S0-no-dST", dict(W=16, C=64, T=12, B=1, H=1, K=48, V=16, s0=False, no_dst=True)),
+      ("W8-strong-decay-K48-V80", dict(W=8, T=50, B=1, H=1, K=48, V=80, strong=True)),
+      ("W2-before-fp16", dict(W=2, after=False, dtype="float16"))]
+CASES += [_c(f"F3A-delayed-{n}", delta=False, seed=160 + i, fused=True, delayed=True, **kw)
+          for i, (n, kw) in enumerate(WD)]
 # Falcon-3 on its host expansion (fused_window=False: FALCON_TRITON_3=expand, and every packed call)
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9, fused=False))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10,
@@ -295,6 +305,10 @@ VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dty
 BANDED = [dict(API[2], id="api-varlen-continuation-F3A-banded", banded=True, scans=False, packed3a="scans"),
           dict(COMPILE[3], id="compile-fullgraph-F3A-banded", banded=True, scans=False),
           dict(API[2], id="api-varlen-continuation-F3A-banded-packed", banded=True, scans=False, packed3a="banded")]
+# ... and on the delayed form (FALCON_TRITON_3A=delayed: one Falcon-1A scan plus a band, unpacked calls; the packed
+# call takes the banded scan), through the public op and a compiled block (its custom operator's fake outputs)
+DELAYED = [dict(API[2], id="api-varlen-continuation-F3A-delayed", delayed=True, scans=False, packed3a="banded"),
+           dict(COMPILE[3], id="compile-fullgraph-F3A-delayed", delayed=True, scans=False)]
 
 
 @pytest.fixture(scope="module")
@@ -303,7 +317,8 @@ def results():
     # each case prints its seconds; 475 s of case time over the two worker processes) and beside another test file
     # under `./lab test`'s two workers they came to the 600 s this guard had (a fresh-clone run of .ci/run at aaec578
     # stopped there, one at 8d58086 passed), so it allows 1200 s.
-    return run_interp_cases("triton_interp_cases.py", CASES + DECODE + API + COMPILE + RECOMPUTE + BANDED + VARLEN,
+    return run_interp_cases("triton_interp_cases.py", CASES + DECODE + API + COMPILE + RECOMPUTE + BANDED + DELAYED +
+                            VARLEN,
                             timeout=1200)
 
 
@@ -350,6 +365,19 @@ def test_banded_falcon_3a_packed_through_the_public_op(results):
     for k, e in packed["res"].items():
         if k != "window_linear_calls":
             assert e <= 2e-5, f"{k} relative error {e:.3e}"
+
+
+def test_delayed_falcon_3a_through_the_public_op_and_compile(results):
+    """FALCON_TRITON_3A=delayed (window_delayed.py): chunk_falcon's Falcon-3A (ragged cu_seqlens on the banded scan's
+    packed form, continuation on the delayed form) against the float64 recurrence, and a compiled block (fullgraph,
+    the custom operator's fake outputs) against eager."""
+    api, comp = (results.get(c["id"]) for c in DELAYED)
+    assert api is not None and "error" not in api, api
+    for k, e in api["res"].items():
+        if k != "window_linear_calls":
+            assert e <= 2e-5, f"{k} relative error {e:.3e}"
+    assert comp is not None and "error" not in comp, comp
+    assert comp["res"]["max_abs_diff"] <= 1e-6, comp
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])

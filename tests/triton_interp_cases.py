@@ -51,8 +51,20 @@ def run_case(c):
     gi = g.detach().float().requires_grad_(True)
     si = S0.detach().float().requires_grad_(True) if S0 is not None else None
     kins = [qi, xi, vi, ei, gi] + ([si] if si is not None else [])
-    o, s = core(qi, xi, vi, ei, gi, si, delta=delta, window=W, read_after=after, chunk_size=C,
-                fused_window=c.get("fused"))
+    import falcon_lab.kernels.triton.ops as kops
+
+    fam = kops._FAMILIES["window_delayed"]
+    n_wd = [0]
+
+    def counted(*a):
+        n_wd[0] += 1
+        return fam[0](*a)
+    kops._FAMILIES["window_delayed"] = (counted, *fam[1:])
+    try:
+        o, s = core(qi, xi, vi, ei, gi, si, delta=delta, window=W, read_after=after, chunk_size=C,
+                    fused_window=c.get("fused"))
+    finally:
+        kops._FAMILIES["window_delayed"] = fam
     loss = (o.double() * do).sum() + (0 if no_dst else (s.double() * ds).sum())
     grads = torch.autograd.grad(loss, kins)
 
@@ -66,9 +78,9 @@ def run_case(c):
     res = {"o": rel(o, o_ref), "S_T": rel(s, s_ref)}
     for n, a, b in zip(names, grads, ref_grads):
         res["d" + n] = rel(a, b)
+    if c.get("delayed"):  # the delayed form (window_delayed.py) ran, once: 0 (an error-like entry) when it did
+        res["delayed_off"] = float(n_wd[0] != 1)
     if c.get("state_dtype") and W == 1:  # the saved states' dtype, and the custom operator's fake outputs agree with it
-        import falcon_lab.kernels.triton.ops as kops
-
         cfg = [int(delta), int(after), C, 0, 0, 0, 1, 0]
         with torch.no_grad():
             outs = kops._scalar_fwd(qi, xi, vi, ei, gi, si, cfg)
@@ -200,7 +212,8 @@ if __name__ == "__main__":
                                                           (kpercol, "FWD_SB_WARPS"), (kpercol, "FWD_SB_BV"))}
     for c in cases:
         # what FALCON_TRITON_3A=banded / =scans sets; neither: the default (banded since 2026-12-03) or the env's
-        kt._FALCON_3A = "banded" if c.get("banded") else "scans" if c.get("scans") else default_3a
+        kt._FALCON_3A = ("banded" if c.get("banded") else "scans" if c.get("scans") else "delayed" if c.get("delayed")
+                         else default_3a)  # =delayed: one Falcon-1A scan plus a band (window_delayed.py)
         kt._FALCON_3A_PACKED = c.get("packed3a", default_packed3a)  # what FALCON_TRITON_3A_PACKED sets
         kpercol.INTRA = c.get("intra", default_intra)  # what FALCON_TRITON_2A sets
         kpercol.FWD_GRID = c.get("fwd_grid", default_fwd_grid)  # what FALCON_TRITON_2A_FWD_GRID sets

@@ -93,8 +93,13 @@ _TF32 = env_choice("FALCON_TRITON_TF32", "0", ("0", "1"),
 # or "scans" (W Falcon-1A scans, proven on the H200; the opt-out). Windows above the banded kernel's 16 run the scans
 # either way; packed calls (cu_seqlens) follow FALCON_TRITON_3A_PACKED too. Ours; `core(fused_window=)` overrides it
 # per call.
-_FALCON_3A = env_choice("FALCON_TRITON_3A", "banded", ("scans", "banded"),
-                        "Falcon-3A: one banded scan or W Falcon-1A scans (both proven)")
+# "delayed" (ours, written 2026-12-04, twentieth session; window_delayed.py): ONE Falcon-1A scan (chunk.py) on the pair
+# stream's oldest slot with each pair's completed weight c_t, plus the W - 1 pairs still inside a window as a band of
+# row dots (o' + band, memory-bound); unpacked calls only (packed ones follow FALCON_TRITON_3A_PACKED). Interpreter-
+# tested against float64; on CUDA only with FALCON_TRITON_UNPROVEN=1 until PROVEN_3A_DELAYED.
+_FALCON_3A = env_choice("FALCON_TRITON_3A", "banded", ("scans", "banded", "delayed"),
+                        "Falcon-3A: one banded scan, W Falcon-1A scans (both proven) or one scan plus a band (delayed)")
+PROVEN_3A_DELAYED = False
 # Falcon-3A's packed calls (cu_seqlens; ours, 2026-12-04, eighteenth session): "banded" (the default since the
 # nineteenth session: the one banded scan reads the packed batch: window_linear.py's
 # VARLEN branches, each sequence's steps, pairs and chunk slots from the packed plan; interpreter-tested against
@@ -275,7 +280,8 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     rows before its pairs): the packed sequences run natively, each from its own S0 row (S0 and the returned S_T are
     [N, H, K, V]); no padding.
 
-    fused_window: the window inside the kernels: Falcon-3A (window > 1, no delta) in one banded scan (True) or as W
+    fused_window: the window inside the kernels: Falcon-3A (window > 1, no delta) in one banded scan (True; with
+    FALCON_TRITON_3A=delayed, unpacked calls run the delayed form: one Falcon-1A scan plus a band) or as W
     Falcon-1A scans (False), None following FALCON_TRITON_3A (default "banded" since 2026-12-03, proven on the H200;
     a window above 16 runs the scans; with cu_seqlens, FALCON_TRITON_3A_PACKED decides too, default the banded
     scan);
@@ -353,6 +359,11 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
         # a copy of the every-W-th rows, so that the W-fold o_e is freed after the forward instead of living as the
         # returned view's storage until the backward (ours: 201 -> 50 MB kept at (16, 2048, 12, 64) bf16, W = 4)
         return o_e.view(B, T, W, H, V)[:, :, 0].contiguous(), s
+    if _delayed_3a(W, fused_window, cu_seqlens is not None):
+        if q.device.type == "cuda" and not (PROVEN_3A_DELAYED or _unproven_enabled()):
+            raise RuntimeError("Falcon-3A's delayed form (FALCON_TRITON_3A=delayed) is not proven on the H200; it runs "
+                               "on CUDA only with FALCON_TRITON_UNPROVEN=1 (FALCON_TRITON_3A=banded is proven)")
+        return chunk_core(q, xw, vw, eta, g, S0, "window_delayed", (read_after, chunk_size, W, tf32))
     if _banded_3a(W, fused_window, cu_seqlens is not None):
         if cu_seqlens is not None and q.device.type == "cuda" and not (PROVEN_3A_PACKED or _unproven_enabled()):
             raise RuntimeError("Falcon-3A's banded scan on packed sequences is not proven on the H200; it runs on "
@@ -369,12 +380,21 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     return o_sum.to(q.dtype), s_sum
 
 
+def _delayed_3a(W: int, fused_window: Optional[bool], packed: bool) -> bool:
+    """Whether a Falcon-3A call (window W > 1, no delta) runs the delayed form (one Falcon-1A scan plus a band,
+    window_delayed.py): FALCON_TRITON_3A=delayed, unpacked, and fused_window not False (True asks for a window inside
+    the kernels: this form or the banded scan); windows up to 16, as the banded scan (the weights' loops unroll W²)."""
+    return _FALCON_3A == "delayed" and not packed and fused_window is not False and W <= WINDOW_LINEAR_MAX_W
+
+
 def _banded_3a(W: int, fused_window: Optional[bool], packed: bool) -> bool:
     """Whether a Falcon-3A call (window W > 1, no delta) runs the one banded scan: fused_window if given, else
-    FALCON_TRITON_3A (and, for packed calls, FALCON_TRITON_3A_PACKED) with W within the kernel's tile."""
+    FALCON_TRITON_3A (and, for packed calls, FALCON_TRITON_3A_PACKED) with W within the kernel's tile (checked after
+    _delayed_3a: under FALCON_TRITON_3A=delayed the packed calls it leaves run the banded scan)."""
     if fused_window is not None:
         return fused_window
-    return _FALCON_3A == "banded" and W <= WINDOW_LINEAR_MAX_W and (not packed or _FALCON_3A_PACKED == "banded")
+    return (_FALCON_3A in ("banded", "delayed") and W <= WINDOW_LINEAR_MAX_W
+            and (not packed or _FALCON_3A_PACKED == "banded"))
 
 
 def _expand_window(q, xw, vw, eta, g, W: int, cu_seqlens: Optional[torch.Tensor] = None):

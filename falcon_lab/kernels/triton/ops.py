@@ -9,7 +9,8 @@ Two operators serve every kernel family:
 
 `family` names the kernel set ("scalar": chunk.py, Falcon-1/1A and the scans of 3/3A; "percol":
 percol.py, Falcon-2A; "percol_delta": percol_delta.py, Falcon-2; "window_linear": window_linear.py, Falcon-3A
-in one scan, the default since proven on the H200 on 2026-12-03); `cfg` is its integer configuration
+in one scan, the default since proven on the H200 on 2026-12-03; "window_delayed": window_delayed.py, Falcon-3A as one
+Falcon-1A scan of completed pair weights plus a band); `cfg` is its integer configuration
 (see _FAMILIES). Each family contributes a forward, a backward and the shapes of what its forward saves
 (for the fake tensors compile traces with). The inputs q, x, v, eta, g are saved by autograd itself;
 only the family's intermediate tensors are extra outputs (custom operators may not return views of their
@@ -34,8 +35,10 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .chunk import a_dtype, chunk_backward, chunk_forward, state_dtype
 from .common import varlen_chunks
+from .host import next_pow2
 from .percol import percol_backward, percol_forward
 from .percol_delta import keeps_inv, percol_delta_backward, percol_delta_forward
+from .window_delayed import window_delayed_backward, window_delayed_forward
 from .window_linear import window_linear_backward, window_linear_forward
 
 
@@ -135,11 +138,34 @@ def _wl_saved_shapes(q, x, v, cfg, cu=None):
     return [((B, H, _chunk_slots(T, cfg[1], cu), K, v.shape[-1]), torch.float32)]
 
 
+# window_delayed cfg: [read_after, C, W, allow_tf32] (Falcon-3A as one Falcon-1A scan of completed weights plus a band;
+# unpacked calls only)
+def _wd_fwd(q, x, v, eta, g, S0, cfg, cu=None):
+    read_after, C, W, tf32 = cfg
+    O, ST, saved = window_delayed_forward(q, x, v, eta, g, S0, read_after=bool(read_after), C=C, W=W,
+                                          allow_tf32=bool(tf32))
+    return [O, ST, *saved]
+
+
+def _wd_bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0, cu=None):
+    read_after, C, W, tf32 = cfg
+    return window_delayed_backward(q, x, v, eta, g, tuple(saved), dO, dST, read_after=bool(read_after), C=C, W=W,
+                                   allow_tf32=bool(tf32), need_ds0=need_ds0)
+
+
+def _wd_saved_shapes(q, x, v, cfg, cu=None):
+    B, T, H, K = q.shape
+    WP = next_pow2(cfg[2])
+    return [((B, H, _cdiv(T, cfg[1]), K, v.shape[-1]), state_dtype(q.dtype)), ((B, T, H, WP), torch.float32),
+            ((B, T, H), torch.float32)]
+
+
 _FAMILIES = {
     "scalar": (_scalar_fwd, _scalar_bwd, _scalar_saved_shapes),
     "percol": (_percol_fwd(percol_forward), _percol_bwd(percol_backward), _percol_saved_shapes(False)),
     "percol_delta": (_percol_fwd(percol_delta_forward), _percol_bwd(percol_delta_backward), _percol_saved_shapes(True)),
     "window_linear": (_wl_fwd, _wl_bwd, _wl_saved_shapes),
+    "window_delayed": (_wd_fwd, _wd_bwd, _wd_saved_shapes),
 }
 
 
