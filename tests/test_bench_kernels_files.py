@@ -43,13 +43,13 @@ def test_op_labels_name_their_variant():
         ["1", "3A", "3A", "1"]
     # the baselines have none (a bench run with sdpa_flash died on the H200 on 2026-12-02 at 273f685 here)
     assert op_variant("sdpa_flash") is None and op_variant("fla_chunk_delta_rule") is None
-    # falcon-3A is the default (the banded scan since 2026-12-03), the W scans timed beside it in the same run
+    # falcon-3A is the default (the delayed form since 2026-12-04), the W scans timed beside it in the same run
     assert "falcon-3A" in OPS and "falcon-3A-scans" in OPS and "falcon-3A-banded" not in OPS
     assert flops_model("falcon-3A-scans", 2, 64, 3, 64, 64) == flops_model("falcon-3A", 2, 64, 3, 64, 64)
 
 
-def test_falcon_3a_ops_run_the_banded_default_and_the_forced_scans(monkeypatch):
-    """falcon-3A runs whatever FALCON_TRITON_3A chooses (the banded scan by default); falcon-3A-scans pins the W scans
+def test_falcon_3a_ops_run_the_default_and_the_forced_scans(monkeypatch):
+    """falcon-3A runs whatever FALCON_TRITON_3A chooses (the delayed form by default); falcon-3A-scans pins the W scans
     for its call and restores the setting after it. The core is stubbed: which path each op asked for, no kernels."""
     import os
 
@@ -59,7 +59,7 @@ def test_falcon_3a_ops_run_the_banded_default_and_the_forced_scans(monkeypatch):
     from falcon_lab.benchmarking import kernels as bk
 
     if "FALCON_TRITON_3A" not in os.environ:
-        assert kt._FALCON_3A == "banded"
+        assert kt._FALCON_3A == "delayed"
     seen = []
 
     def fake_chunk_falcon(q, *a, **kw):

@@ -45,8 +45,8 @@ CASES.append(_c("F3-W4-fp16-C64-a-input", delta=True, W=4, C=64, T=40, B=1, H=1,
 # Falcon-3A as W Falcon-1A scans (fused_window=False: what FALCON_TRITON_3A=scans and every packed call run)
 CASES.append(_c("F3A-W3-after-no-dST", delta=False, W=3, no_dst=True, seed=7, fused=False))
 CASES.append(_c("F3A-W4-before-C32", delta=False, W=4, after=False, C=32, T=45, seed=8, fused=False))
-# Falcon-3A in one banded scan (window_linear.py, fused_window=True; the default since 2026-12-03): windows 2-16, every
-# chunk size, awkward T
+# Falcon-3A in one banded scan (window_linear.py, fused_window=True, the cases pin FALCON_TRITON_3A=banded; the default
+# 2026-12-03 to 2026-12-04, packed calls' still): windows 2-16, every chunk size, awkward T
 CASES.append(_c("F3A-banded-W3-after", delta=False, W=3, seed=7, fused=True))
 CASES.append(_c("F3A-banded-W4-before-C32", delta=False, W=4, after=False, C=32, T=45, seed=8, fused=True))
 CASES.append(_c("F3A-banded-W8-strong-decay", delta=False, W=8, T=50, strong=True, seed=24, fused=True))
@@ -334,13 +334,11 @@ def test_banded_falcon_3a_chunk_cap(monkeypatch):
 
 
 def test_banded_falcon_3a_through_the_public_op_and_compile(results):
-    """With the one-scan kernel the default (FALCON_TRITON_3A=banded, since 2026-12-03), chunk_falcon's Falcon-3A runs
-    it: varlen (the packed call runs the W scans natively: the banded kernel has no packed form) and continuation (the
+    """With the one-scan kernel set (FALCON_TRITON_3A=banded, the default 2026-12-03 to 2026-12-04), chunk_falcon's
+    Falcon-3A runs it: varlen (the packed call runs the W scans natively: the banded kernel has no packed form) and continuation (the
     banded kernel) against the float64 recurrence, and a compiled block (fullgraph) against eager."""
     import falcon_lab.kernels.triton as kt
 
-    if "FALCON_TRITON_3A" not in os.environ:
-        assert kt._FALCON_3A == "banded", "the banded scan is the default since the H200 proved it (2026-12-03)"
     api, comp = (results.get(c["id"]) for c in BANDED[:2])
     assert api is not None and "error" not in api, api
     assert api["res"]["window_linear_calls"] > 0, api  # the banded kernel did run (the continuation's calls)
@@ -371,6 +369,10 @@ def test_delayed_falcon_3a_through_the_public_op_and_compile(results):
     """FALCON_TRITON_3A=delayed (window_delayed.py): chunk_falcon's Falcon-3A (ragged cu_seqlens on the banded scan's
     packed form, continuation on the delayed form) against the float64 recurrence, and a compiled block (fullgraph,
     the custom operator's fake outputs) against eager."""
+    import falcon_lab.kernels.triton as kt
+
+    if "FALCON_TRITON_3A" not in os.environ:
+        assert kt._FALCON_3A == "delayed", "the delayed form is the default since the H200 proved it (2026-12-04)"
     api, comp = (results.get(c["id"]) for c in DELAYED)
     assert api is not None and "error" not in api, api
     for k, e in api["res"].items():

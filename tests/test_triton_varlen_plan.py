@@ -42,7 +42,8 @@ def test_which_calls_run_natively():
     prev, prev_packed = kt._FALCON_3A, kt._FALCON_3A_PACKED
     try:
         for mode, packed, how in (("banded", "banded", "banded scan"), ("banded", "scans", "W scans"),
-                                  ("scans", "banded", "W scans"), ("scans", "scans", "W scans")):
+                                  ("scans", "banded", "W scans"), ("scans", "scans", "W scans"),
+                                  ("delayed", "banded", "banded scan"), ("delayed", "scans", "W scans")):
             kt._FALCON_3A, kt._FALCON_3A_PACKED = mode, packed
             ok, why = varlen_check(three_a, window=4, device_type="cpu")
             assert ok and how in why, (mode, packed, why)
@@ -106,6 +107,15 @@ def test_a_packed_falcon_3a_call_follows_the_packed_switch(monkeypatch):
     assert run(4, fused_window=False) == [("scalar", False)] * 4  # the per-call opt-out
     monkeypatch.setattr(kt, "_FALCON_3A", "scans")
     assert run(4) == [("scalar", False)] * 4  # FALCON_TRITON_3A=scans
+    # FALCON_TRITON_3A=delayed (one Falcon-1A scan plus a band, window_delayed.py): unpacked calls up to W = 16, also
+    # with fused_window=True; packed calls follow FALCON_TRITON_3A_PACKED (the banded scan by default); W > 16 and
+    # fused_window=False the scans
+    monkeypatch.setattr(kt, "_FALCON_3A", "delayed")
+    assert run(4) == [("window_delayed", False)] and run(16, fused_window=True) == [("window_delayed", False)]
+    assert run(4, cu) == [("window_linear", True)]
+    assert run(17) == [("scalar", False)] * 17 and run(4, fused_window=False) == [("scalar", False)] * 4
+    monkeypatch.setattr(kt, "_FALCON_3A_PACKED", "scans")
+    assert run(4, cu) == [("scalar", True)] * 4
 
 
 def test_the_gpu_varlen_benchmark_runs(tmp_path):

@@ -211,9 +211,10 @@ if __name__ == "__main__":
     default_launch = {(m, a): getattr(m, a) for m, a in ((kpdelta, "SOLVE_BLK_WARPS"), (kpdelta, "SOLVE_BLK_BV"),
                                                           (kpercol, "FWD_SB_WARPS"), (kpercol, "FWD_SB_BV"))}
     for c in cases:
-        # what FALCON_TRITON_3A=banded / =scans sets; neither: the default (banded since 2026-12-03) or the env's
-        kt._FALCON_3A = ("banded" if c.get("banded") else "scans" if c.get("scans") else "delayed" if c.get("delayed")
-                         else default_3a)  # =delayed: one Falcon-1A scan plus a band (window_delayed.py)
+        # what FALCON_TRITON_3A=delayed / =banded / =scans sets (the fused=True Falcon-3A cases are the banded scan's;
+        # Falcon-3's `fused` is not read by this switch); none: the default (delayed since 2026-12-04) or the env's
+        kt._FALCON_3A = ("delayed" if c.get("delayed") else "banded" if c.get("banded") or c.get("fused")
+                         else "scans" if c.get("scans") else default_3a)
         kt._FALCON_3A_PACKED = c.get("packed3a", default_packed3a)  # what FALCON_TRITON_3A_PACKED sets
         kpercol.INTRA = c.get("intra", default_intra)  # what FALCON_TRITON_2A sets
         kpercol.FWD_GRID = c.get("fwd_grid", default_fwd_grid)  # what FALCON_TRITON_2A_FWD_GRID sets

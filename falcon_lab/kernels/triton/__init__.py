@@ -93,13 +93,19 @@ _TF32 = env_choice("FALCON_TRITON_TF32", "0", ("0", "1"),
 # or "scans" (W Falcon-1A scans, proven on the H200; the opt-out). Windows above the banded kernel's 16 run the scans
 # either way; packed calls (cu_seqlens) follow FALCON_TRITON_3A_PACKED too. Ours; `core(fused_window=)` overrides it
 # per call.
-# "delayed" (ours, written 2026-12-04, twentieth session; window_delayed.py): ONE Falcon-1A scan (chunk.py) on the pair
-# stream's oldest slot with each pair's completed weight c_t, plus the W - 1 pairs still inside a window as a band of
-# row dots (o' + band, memory-bound); unpacked calls only (packed ones follow FALCON_TRITON_3A_PACKED). Interpreter-
-# tested against float64; on CUDA only with FALCON_TRITON_UNPROVEN=1 until PROVEN_3A_DELAYED.
-_FALCON_3A = env_choice("FALCON_TRITON_3A", "banded", ("scans", "banded", "delayed"),
-                        "Falcon-3A: one banded scan, W Falcon-1A scans (both proven) or one scan plus a band (delayed)")
-PROVEN_3A_DELAYED = False
+# "delayed" (ours, written 2026-12-04, twentieth session; window_delayed.py; the default for unpacked calls since then):
+# ONE Falcon-1A scan (chunk.py) on the pair stream's oldest slot with each pair's completed weight c_t, plus the W - 1
+# pairs still inside a window as a band of row dots (o' + band, memory-bound); unpacked calls with W <= 16 only (packed
+# ones follow FALCON_TRITON_3A_PACKED, W > 16 the scans). On the H200 (torch 2.11, Triton 3.6; benchmarks/results/
+# h200_logs/kernels_2026-12-04d/call1/) at 0dbc292: all 29 rows of `bench check --variants 3A` with it (NaN-poisoned,
+# bf16 + fp32, K = 16/64/128, every chunk size, the public op, CUDA-graph decode; the varlen-native rows run the
+# banded scan's packed form), and in one process (switch_ab.py, 2 rounds, GPU time) Falcon-3A's fwd+bwd took 0.526 /
+# 0.539 / 0.569 / 0.467x the banded scan's at 16x2048x12x64, 1x32768x6x128, 4x8192x12x64, 16x2048x6x128, peak 923 ->
+# 652 MB (K = 64) and 1541 -> 712 MB (K = 128). Then (call 2) the same with the final state's band inside _wd_band_fwd
+# and no zero fills (its host time: see window_delayed.py).
+_FALCON_3A = env_choice("FALCON_TRITON_3A", "delayed", ("scans", "banded", "delayed"),
+                        "Falcon-3A: one scan plus a band (delayed), one banded scan or W Falcon-1A scans (all proven)")
+PROVEN_3A_DELAYED = True  # 29/29 rows of the 3A sweep on the H200 (2026-12-04, 0dbc292)
 # Falcon-3A's packed calls (cu_seqlens; ours, 2026-12-04, eighteenth session): "banded" (the default since the
 # nineteenth session: the one banded scan reads the packed batch: window_linear.py's
 # VARLEN branches, each sequence's steps, pairs and chunk slots from the packed plan; interpreter-tested against

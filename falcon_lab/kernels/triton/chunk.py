@@ -864,7 +864,9 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
 
 
 def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xoff=0,
-                   allow_tf32=False, need_ds0=True, group=1, gather=False, cu_seqlens=None):
+                   allow_tf32=False, need_ds0=True, group=1, gather=False, cu_seqlens=None, zero_rest=True):
+    """zero_rest=False (a caller that writes the pair rows outside [xoff, xoff + T) of dx and dv itself: Falcon-3A's
+    delayed form, window_delayed.py): those rows are left unwritten instead of zero-filled."""
     HS, A, WT, R = saved
     Ts = q.shape[1]
     B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
@@ -886,7 +888,8 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     # dropped after its last reader is queued (ours): the caching allocator hands DU's bytes to dq and dx, MM's and
     # DHS's to the gather path's sums (stream order makes the reuse safe). The peak is lower by about DU's size, and
     # with the in-place pseudo-tokens by the scratch's too (est. from the sizes; not yet measured on a GPU).
-    shifted = not gather and not (xoff == 0 and x.shape[1] == T)  # a view of a longer pair stream: rows outside stay 0
+    # a view of a longer pair stream: rows outside stay 0 (unless the caller writes them: zero_rest=False)
+    shifted = zero_rest and not gather and not (xoff == 0 and x.shape[1] == T)
 
     def grad(shape, dtype):
         return torch.zeros(shape, dtype=dtype, device=dev) if shifted else _empty(shape, dtype, dev)

@@ -19,10 +19,11 @@ still inside a window, and enter the read-out as a band: with r = t (after) or t
     o_t = o'_t + Σ_{e=1}^{W-1} Ω_{r,e} (q_t·x_{r+e}) v_{r+e} ,   S_T = S'_T + Σ_{e=1}^{W-1} Ω_{T-1,e} x_{T-1+e} v_{T-1+e}ᵀ.
 
 Every exponent is a sum of at most W - 1 log-decays (<= 0), so nothing overflows. Kernels: _wd_weights (Ω, c from
-η, log γ; per row), the Falcon-1A scan (chunk.py, O' in fp32), _wd_band_fwd (o = o' + band, per row block); backward:
-the scan's backward, _wd_band_bwd (the band's gradients added to the scan's dq, dx, dv; dΩ), _wd_tail_fwd/_bwd (the
-final state's band: W - 1 rows per sequence), _wd_weights_bwd (dη, and dlog γ added to the scan's). The band costs O(W (K +
-V)) per step on CUDA cores, memory-bound: q, x, v, o (and their gradients) read and written about once.
+η, log γ; per row), the Falcon-1A scan (chunk.py, O' in fp32), _wd_band_fwd (o = o' + band, per row block; the last
+block's program adds S_T's band, _wd_tail); backward: the scan's backward, _wd_band_bwd (the band's gradients added to
+the scan's dq, dx, dv, which it leaves unfilled past row T; dΩ), _wd_tail_bwd (S_T's band, W - 1 rows per sequence,
+only when dS_T is given), _wd_weights_bwd (dη, and dlog γ added to the scan's). The band costs O(W (K + V)) per step on
+CUDA cores, memory-bound: q, x, v, o (and their gradients) read and written about once.
 Unpacked calls only (packed ones run the banded scan or the W scans, window_linear.py / chunk.py).
 """
 
@@ -105,10 +106,33 @@ def _wd_weights_bwd(ETA, G, DOM, DC, DETA, DG, T, H: tl.constexpr, W: tl.constex
 
 
 @triton.jit
-def _wd_band_fwd(Q, X, VV, OM, O1, O, T, XT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr,
+def _wd_tail(X, VV, OM, ST, b, h, v0, T, XT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr,
+             WP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """The final state's band on value columns v0 .. v0+BV-1, added in place: S_T += Σ_{e=1}^{W-1} Ω_{T-1,e}
+    x_{T-1+e} v_{T-1+e}ᵀ."""
+    bh = b * H + h
+    ck = tl.arange(0, BK)
+    cv = v0 + tl.arange(0, BV)
+    km = ck < K
+    vm = cv < V
+    acc = tl.zeros([BK, BV], dtype=tl.float32)
+    for e in tl.static_range(1, W):
+        ptok = (b * XT + T - 1 + e).to(tl.int64) * H + h
+        w = tl.load(OM + ((b * T + T - 1).to(tl.int64) * H + h) * WP + e)
+        x = tl.load(X + ptok * K + ck, mask=km, other=0.).to(tl.float32)
+        v = tl.load(VV + ptok * V + cv, mask=vm, other=0.).to(tl.float32)
+        acc += (w * x)[:, None] * v[None, :]
+    off = bh.to(tl.int64) * K * V + ck[:, None] * V + cv[None, :]
+    m = km[:, None] & vm[None, :]
+    tl.store(ST + off, tl.load(ST + off, mask=m, other=0.) + acc, mask=m)
+
+
+@triton.jit
+def _wd_band_fwd(Q, X, VV, OM, O1, O, ST, T, XT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr,
                  WP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SB: tl.constexpr):
     """o_t = o'_t + Σ_{e=1}^{W-1} Ω_{r,e} (q_t·x_{r+e}) v_{r+e}, r = t - SB, for a block of BT steps: O1 the scan's
-    output (fp32), O in q's dtype. Program (row block, b·H + h)."""
+    output (fp32), O in q's dtype; the last block's program also adds the final state's band to ST (_wd_tail). Program
+    (row block, b·H + h)."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -131,6 +155,9 @@ def _wd_band_fwd(Q, X, VV, OM, O1, O, T, XT, H: tl.constexpr, K: tl.constexpr, V
         v = tl.load(VV + ptok[:, None] * V + cv[None, :], mask=pm[:, None] & vm[None, :], other=0.).to(tl.float32)
         o += (w * tl.sum(q * x, 1))[:, None] * v
     tl.store(O + tok[:, None] * V + cv[None, :], o.to(O.dtype.element_ty), mask=tm[:, None] & vm[None, :])
+    if pid == tl.num_programs(0) - 1:
+        for v0 in range(0, V, 32):
+            _wd_tail(X, VV, OM, ST, b, h, v0, T, XT, H, K, V, W, WP, BK, 32)
 
 
 @triton.jit
@@ -167,6 +194,8 @@ def _wd_band_bwd(Q, X, VV, OM, DO, DQ, DX, DV, DOM, T, XT, H: tl.constexpr, K: t
         bv = tl.sum(do * v, 1)
         dq += (w * bv)[:, None] * x
         tl.store(DOM + rtok * WP + e, tl.sum(q * x, 1) * bv, mask=pm)
+        if SB == 1:  # row T - 1 is no step's r here: zero it for _wd_tail_bwd and _wd_weights_bwd
+            tl.store(DOM + tok * WP + e, tl.zeros([BT], dtype=tl.float32), mask=i == T - 1)
     qm = tm[:, None] & km[None, :]
     tl.store(DQ + tok[:, None] * K + ck[None, :],
              (tl.load(DQ + tok[:, None] * K + ck[None, :], mask=qm, other=0.).to(tl.float32) + dq)
@@ -188,39 +217,16 @@ def _wd_band_bwd(Q, X, VV, OM, DO, DQ, DX, DV, DOM, T, XT, H: tl.constexpr, K: t
         w = tl.load(OM + ((b * T + rr).to(tl.int64) * H + h) * WP + e, mask=sm, other=0.)
         dx += (w * tl.sum(dos * v, 1))[:, None] * qs
         dv += (w * tl.sum(qs * x, 1))[:, None] * dos
+    # rows >= T: the scan wrote nothing there (chunk_backward(zero_rest=False)), so they are stored, not added to
+    old = (i < T)[:, None]
     xm = pmk[:, None] & km[None, :]
     tl.store(DX + ptok[:, None] * K + ck[None, :],
-             (tl.load(DX + ptok[:, None] * K + ck[None, :], mask=xm, other=0.).to(tl.float32) + dx)
+             (tl.load(DX + ptok[:, None] * K + ck[None, :], mask=xm & old, other=0.).to(tl.float32) + dx)
              .to(DX.dtype.element_ty), mask=xm)
     ym = pmk[:, None] & vm[None, :]
     tl.store(DV + ptok[:, None] * V + cv[None, :],
-             (tl.load(DV + ptok[:, None] * V + cv[None, :], mask=ym, other=0.).to(tl.float32) + dv)
+             (tl.load(DV + ptok[:, None] * V + cv[None, :], mask=ym & old, other=0.).to(tl.float32) + dv)
              .to(DV.dtype.element_ty), mask=ym)
-
-
-@triton.jit
-def _wd_tail_fwd(X, VV, OM, ST, T, XT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr,
-                 WP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """The final state's band, added in place: S_T += Σ_{e=1}^{W-1} Ω_{T-1,e} x_{T-1+e} v_{T-1+e}ᵀ. Program (value
-    tile, b·H + h)."""
-    vt = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    ck = tl.arange(0, BK)
-    cv = vt * BV + tl.arange(0, BV)
-    km = ck < K
-    vm = cv < V
-    acc = tl.zeros([BK, BV], dtype=tl.float32)
-    for e in tl.static_range(1, W):
-        ptok = (b * XT + T - 1 + e).to(tl.int64) * H + h
-        w = tl.load(OM + ((b * T + T - 1).to(tl.int64) * H + h) * WP + e)
-        x = tl.load(X + ptok * K + ck, mask=km, other=0.).to(tl.float32)
-        v = tl.load(VV + ptok * V + cv, mask=vm, other=0.).to(tl.float32)
-        acc += (w * x)[:, None] * v[None, :]
-    off = bh.to(tl.int64) * K * V + ck[:, None] * V + cv[None, :]
-    m = km[:, None] & vm[None, :]
-    tl.store(ST + off, tl.load(ST + off, mask=m, other=0.) + acc, mask=m)
 
 
 @triton.jit
@@ -282,11 +288,8 @@ def window_delayed_forward(q, xw, vw, eta, g, S0, *, read_after, C, W, allow_tf3
                                               allow_tf32=allow_tf32, out_dtype=torch.float32)
     O = _empty((B, T, H, V), q.dtype, dev)
     BT, BK, BV, nw = _launch(K, V)
-    _wd_band_fwd[(cdiv(T, BT), B * H)](q, xw, vw, OM, O1, O, T, XT, H, K, V, W, WP, BT, BK, BV,
+    _wd_band_fwd[(cdiv(T, BT), B * H)](q, xw, vw, OM, O1, O, ST, T, XT, H, K, V, W, WP, BT, BK, BV,
                                        0 if read_after else 1, num_warps=nw)
-    # the final state's band: the W - 1 newest pairs with their partial weights at the last step
-    BVt = min(64, BV)
-    _wd_tail_fwd[(cdiv(V, BVt), B * H)](xw, vw, OM, ST, T, XT, H, K, V, W, WP, BK, BVt, num_warps=4)
     return O, ST, (HS, OM, CC)
 
 
@@ -300,8 +303,8 @@ def window_delayed_backward(q, xw, vw, eta, g, saved, dO, dST, *, read_after, C,
     WP = OM.shape[-1]
     dq, dx, dv, dc, dg, dS0 = chunk_backward(q, xw, vw, CC, g, (HS, CC, CC, CC), dO, dST, delta=False,
                                              read_after=read_after, C=C, xoff=0, allow_tf32=allow_tf32,
-                                             need_ds0=need_ds0)
-    DOM = torch.zeros(B, T, H, WP, dtype=torch.float32, device=dev)
+                                             need_ds0=need_ds0, zero_rest=False)
+    DOM = _empty((B, T, H, WP), torch.float32, dev)  # columns 1 .. W-1 of every row written by _wd_band_bwd
     BT, BK, BV, nw = _launch(K, V)
     _wd_band_bwd[(cdiv(XT, BT), B * H)](q, xw, vw, OM, dO, dq, dx, dv, DOM, T, XT, H, K, V, W, WP, BT, BK, BV,
                                        0 if read_after else 1, num_warps=nw)
