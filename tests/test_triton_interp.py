@@ -335,10 +335,9 @@ def test_banded_falcon_3a_chunk_cap(monkeypatch):
 
 def test_banded_falcon_3a_through_the_public_op_and_compile(results):
     """With the one-scan kernel set (FALCON_TRITON_3A=banded, the default 2026-12-03 to 2026-12-04), chunk_falcon's
-    Falcon-3A runs it: varlen (the packed call runs the W scans natively: the banded kernel has no packed form) and continuation (the
-    banded kernel) against the float64 recurrence, and a compiled block (fullgraph) against eager."""
-    import falcon_lab.kernels.triton as kt
-
+    Falcon-3A runs it: varlen (the case pins FALCON_TRITON_3A_PACKED=scans: the packed call runs the W scans
+    natively) and continuation (the banded kernel) against the float64 recurrence, and a compiled block (fullgraph)
+    against eager."""
     api, comp = (results.get(c["id"]) for c in BANDED[:2])
     assert api is not None and "error" not in api, api
     assert api["res"]["window_linear_calls"] > 0, api  # the banded kernel did run (the continuation's calls)
