@@ -171,6 +171,21 @@ CASES.append(_c("F2A-rowstile-rows16-before-C32-strong-decay", delta=False, per_
                 K=16, V=48, strong=True, seed=14, intra="blocked", rows_bv="16"))
 CASES.append(_c("F2-rowsblock-fp16-C64-V64", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=64,
                 dtype="float16", seed=19, intra="blocked", rows_grid="block"))
+# the diagonal sub-blocks by two references and tensor-core dots (diag="split": FALCON_TRITON_2A_DIAG=split, ours,
+# opt-in): Falcon-2A and -2 (its read-out and backward are percol.py's), both read orders, every chunk size, V with a
+# masked value tile, strong decay, fp16 (bound e^4: its strong-decay tiles take the broadcast), and a lowered bound
+# (span 8: between the strong-decay cases' smallest and largest half-block spans; its errors differ from both span 0
+# and span 60) so that some tiles of one call take the dots and others the broadcast
+DIAG = [("F2A-after-C16", dict(delta=False)),
+        ("F2A-before-C32-V20-strong-decay", dict(delta=False, after=False, C=32, T=45, B=1, K=16, V=20, strong=True)),
+        ("F2A-C64-V48-fp16-strong-decay", dict(delta=False, C=64, T=70, B=1, V=48, dtype="float16", strong=True)),
+        ("F2A-C64-mixed-tiles", dict(delta=False, C=64, T=70, B=1, H=1, strong=True, diag_spans={"other": 8.})),
+        ("F2-C64-K48-V80-before", dict(delta=True, C=64, T=70, B=1, H=1, K=48, V=80, after=False)),
+        ("F2-C32-strong-decay-mixed-tiles", dict(delta=True, C=32, T=45, B=1, K=16, V=20, strong=True,
+                                                  diag_spans={"other": 8.})),
+        ("F2-fp16-C16", dict(delta=True, dtype="float16"))]
+CASES += [_c(f"{n.split('-')[0]}-split-{n.split('-', 1)[1]}", per_col=True, seed=200 + i, diag="split", **kw)
+          for i, (n, kw) in enumerate(DIAG)]
 CASES.append(_c("F2-after", delta=True, per_col=True, seed=17))
 CASES.append(_c("F2-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=18))
 CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,

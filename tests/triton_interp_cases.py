@@ -199,6 +199,7 @@ if __name__ == "__main__":
     default_fwd_grid = kpercol.FWD_GRID
     default_rows_bv = kpercol.ROWS_BV
     default_rows_grid = kpercol.ROWS_GRID
+    default_diag, default_spans = kpercol.DIAG, dict(kpercol.DIAG_SPANS)
     default_pair_sum = kpair.PAIR_SUM
     default_state_bv = kcommon.STATE_BV
     default_wl_bwd_bv = kwl.WL_BWD_BV
@@ -220,6 +221,8 @@ if __name__ == "__main__":
         kpercol.FWD_GRID = c.get("fwd_grid", default_fwd_grid)  # what FALCON_TRITON_2A_FWD_GRID sets
         kpercol.ROWS_BV = c.get("rows_bv", default_rows_bv)  # what FALCON_TRITON_2A_ROWS_BV sets
         kpercol.ROWS_GRID = c.get("rows_grid", default_rows_grid)  # what FALCON_TRITON_2A_ROWS_GRID sets
+        kpercol.DIAG = c.get("diag", default_diag)  # what FALCON_TRITON_2A_DIAG sets
+        kpercol.DIAG_SPANS = dict(default_spans, **c.get("diag_spans", {}))  # a lower bound reaches the fallback
         kpair.PAIR_SUM = c.get("pair_sum", default_pair_sum)  # what FALCON_TRITON_3_PAIR_SUM sets
         kpdelta.SOLVE = c.get("solve", default_solve)  # what FALCON_TRITON_2_SOLVE sets
         kpdelta.BWD_SOLVE = c.get("bwd_solve", default_bwd_solve)  # what FALCON_TRITON_2_BWD_SOLVE sets

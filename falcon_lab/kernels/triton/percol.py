@@ -82,6 +82,29 @@ ROWS_BV = env_choice("FALCON_TRITON_2A_ROWS_BV", "32", ("32", "16"),
 # proven).
 ROWS_GRID = env_choice("FALCON_TRITON_2A_ROWS_GRID", "tile", ("tile", "block"),
                        "Falcon-2A/-2: _pc_bwd_rows per sub-block and value tile, or per sub-block")
+# The diagonal [16, 16] blocks of the blocked intra-chunk term (ours, 2026-12-04, twentieth session): "broadcast" (the
+# exact [16, 16, BV] broadcast, e^{ur_i - u_s} per row pair and column: 16 exponentials per output element, on CUDA
+# cores; proven) or "split" (two reference points per block: rows 0-7 against ρ, the log-prefix before the block, rows
+# 8-15 against σ, the log-prefix after its row 7, so e^{ur_i - u_s} = e^{ur_i - ref} e^{ref - u_s} with the first
+# factor <= 1 and the second <= e^{span}, span the largest log-decay of a half-block in the tile; the block's term is
+# then two [16, 16] x [16, BV] tensor-core dots (_pc_fwd_intra_sb, _pc_bwd_rows' dgr, _pc_bwd_cols) or two [16, BV] x
+# [BV, 16] (_pc_bwd_rows' M), with one exponential per element and reference. Where a tile's span exceeds DIAG_SPAN
+# (the second factor could overflow the dots' operand dtype: e^60 in fp32 / bf16, e^4 in fp16, whose largest value
+# is 65504) that tile takes the broadcast, so the result is exact for every decay the op allows (eps_gamma > 0 is the
+# user's: γ may be arbitrarily small). Interpreter-tested; unproven on the H200 (opt-in).
+DIAG = env_choice("FALCON_TRITON_2A_DIAG", "broadcast", ("broadcast", "split"),
+                  "Falcon-2A/-2: the diagonal sub-blocks as the exact broadcast or two-reference dots (split, opt-in)")
+
+
+DIAG_SPANS = {"float16": 4., "other": 60.}  # the bound per operand dtype (tests lower it to reach the fallback)
+
+
+def diag_span(dtype: torch.dtype) -> float:
+    """The largest half-block log-decay span the split diagonal blocks take for inputs of `dtype` (0: DIAG is
+    "broadcast", every tile takes the broadcast)."""
+    if DIAG != "split":
+        return 0.
+    return DIAG_SPANS["float16" if dtype == torch.float16 else "other"]
 
 
 @triton.jit
@@ -229,6 +252,27 @@ def _causal16(j, READ_AFTER: tl.constexpr):
 
 
 @triton.jit
+def _split_refs(rho, ua, ura, j, DSPAN: tl.constexpr):
+    """The two references of a diagonal sub-block (DIAG="split", ours): rows 0-7 against ρ (the log-prefix before the
+    block), rows 8-15 against σ (u at the block's row 7). Returns the row factors er0 = e^{ur_i - ρ} (rows 0-7, else
+    0) and er1 = e^{ur_i - σ} (rows 8-15), both <= 1; the source factors ec0 = e^{ρ - u_s} (rows 0-7, else 0) and
+    ec1 = e^{σ - u_s}, both <= e^{span}; and whether span <= DSPAN (the largest ρ - u_s over rows 0-7 and σ - u_s over
+    rows 8-15 of the [16, BV] tile). Then e^{ur_i - u_s} = er0_i ec0_s + er1_i ec1_s for every s <= i."""
+    lo = (j < 8)[:, None]
+    sigma = tl.sum(tl.where((j == 7)[:, None], ua, 0.), 0)
+    d0 = tl.where(lo, rho[None, :] - ua, 0.)
+    d1 = sigma[None, :] - ua
+    span = tl.maximum(tl.max(tl.max(d0, 1), 0), tl.max(tl.max(tl.where(lo, 0., d1), 1), 0))
+    ref = tl.where(lo, rho[None, :], sigma[None, :])
+    er = tl.exp(tl.minimum(ura - ref, 0.))
+    er0 = tl.where(lo, er, 0.)
+    er1 = tl.where(lo, 0., er)
+    ec0 = tl.where(lo, tl.exp(tl.minimum(d0, DSPAN)), 0.)
+    ec1 = tl.exp(tl.minimum(d1, DSPAN))
+    return er0, er1, ec0, ec1, span <= DSPAN
+
+
+@triton.jit
 def _pc_fwd_intra_blk(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr,
                       PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
@@ -290,7 +334,7 @@ def _pc_fwd_intra_blk(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constex
 @triton.jit
 def _pc_fwd_intra_sb(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr,
-                     PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+                     PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr, DSPAN: tl.constexpr):
     """_pc_fwd_intra_blk's arithmetic with one program per sub-block instead of per chunk (ours, FWD_GRID="block", the
     default), laid out as _pc_bwd_cols: the 16 rows of sub-block a of a chunk and one value tile, its diagonal
     [16, 16, BV] broadcast, then its rows against the earlier rows (loaded masked to them) as one tensor-core dot.
@@ -334,7 +378,17 @@ def _pc_fwd_intra_sb(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexp
     Ua = tl.load(VV + offa, mask=va, other=0.).to(tl.float32) * tl.load(ETA + offa, mask=va, other=0.)
     rho, ua, ura = _blk_prefix(g, ga, i, a, READ_AFTER)
     Paa = tl.where(_causal16(j, READ_AFTER), tl.dot(qa, tl.trans(xa), input_precision=PREC), 0.)
-    intra = tl.sum(Paa[:, :, None] * tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.)) * Ua[None, :, :], 1)
+    if DSPAN > 0:  # DIAG="split": two tensor-core dots where the tile's span allows, else the broadcast
+        er0, er1, ec0, ec1, ok = _split_refs(rho, ua, ura, j, DSPAN)
+        if ok:
+            Pd = Paa.to(dt)
+            intra = (er0 * tl.dot(Pd, (Ua * ec0).to(dt), input_precision=PREC)
+                     + er1 * tl.dot(Pd, (Ua * ec1).to(dt), input_precision=PREC))
+        else:
+            intra = tl.sum(Paa[:, :, None] * tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.))
+                           * Ua[None, :, :], 1)
+    else:
+        intra = tl.sum(Paa[:, :, None] * tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.)) * Ua[None, :, :], 1)
     if a > 0:
         x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :] & before[:, None],
                     other=0.)
@@ -400,7 +454,7 @@ def _pc_bwd_state(Q, X, G, DO, DST, DHS, DU, DS0, T, NT, H: tl.constexpr, K: tl.
 @triton.jit
 def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-                 CU, CIDX, COFF, VARLEN: tl.constexpr, NMP: tl.constexpr):
+                 CU, CIDX, COFF, VARLEN: tl.constexpr, NMP: tl.constexpr, DSPAN: tl.constexpr):
     """Blocked backward, by output rows (ours, the default; see _pc_fwd_intra_blk): for the 16 rows i of block a of a
     chunk, M[i, s] = Σ_c e^{ur_ic - u_sc} U_sc dO_ic (causal; all s) into MM, and DGR[i, c] = dO_ic · (the intra-chunk
     term of o_ic). Program (chunk·NB + a, b·H + h); the value tiles loop inside (M sums over all of them). NMP > 1
@@ -461,9 +515,23 @@ def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.conste
         Ua = tl.load(VV + offa, mask=va, other=0.).to(tl.float32) * tl.load(ETA + offa, mask=va, other=0.)
         doa = tl.load(DO + offa, mask=va, other=0.).to(tl.float32)
         rho, ua, ura = _blk_prefix(g, ga, i, a, READ_AFTER)
-        DU3 = tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.)) * Ua[None, :, :] * doa[:, None, :]
-        Mdiag += tl.sum(DU3, 2)
-        dgr = tl.sum(Paa[:, :, None] * DU3, 1)
+        if DSPAN > 0:  # DIAG="split" (see _split_refs)
+            er0, er1, ec0, ec1, ok = _split_refs(rho, ua, ura, j, DSPAN)
+            if ok:
+                B0 = (Ua * ec0).to(dt)
+                B1 = (Ua * ec1).to(dt)
+                Pd = Paa.to(dt)
+                Mdiag += (tl.dot((doa * er0).to(dt), tl.trans(B0), input_precision=PREC)
+                          + tl.dot((doa * er1).to(dt), tl.trans(B1), input_precision=PREC))
+                dgr = doa * (er0 * tl.dot(Pd, B0, input_precision=PREC) + er1 * tl.dot(Pd, B1, input_precision=PREC))
+            else:
+                DU3 = tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.)) * Ua[None, :, :] * doa[:, None, :]
+                Mdiag += tl.sum(DU3, 2)
+                dgr = tl.sum(Paa[:, :, None] * DU3, 1)
+        else:
+            DU3 = tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.)) * Ua[None, :, :] * doa[:, None, :]
+            Mdiag += tl.sum(DU3, 2)
+            dgr = tl.sum(Paa[:, :, None] * DU3, 1)
         alpha_do = tl.exp(tl.minimum(ura - rho[None, :], 0.)) * doa
         betaU = (tl.where(before[:, None], tl.exp(tl.minimum(rho[None, :] - u, 0.)), 0.) * U).to(dt)
         Moff += tl.dot(alpha_do.to(dt), tl.trans(betaU), input_precision=PREC)
@@ -481,7 +549,7 @@ def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.conste
 @triton.jit
 def _pc_bwd_cols(Q, X, VV, ETA, G, DO, DU, DGU, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-                 CU, CIDX, COFF, VARLEN: tl.constexpr):
+                 CU, CIDX, COFF, VARLEN: tl.constexpr, DSPAN: tl.constexpr):
     """Blocked backward, by source rows (ours, the default): for the 16 rows s of block b of a chunk and one value tile,
     du_sc = Σ_i P[i, s] e^{ur_ic - u_sc} dO_ic (added to DU, which holds the state part) and DGU[s, c] = -U_sc du_sc;
     the later blocks a > b as tensor-core dots with e^{ur_i - ρ_a} e^{ρ_a - u_s}. Program (value tile, chunk·NB + b,
@@ -523,7 +591,17 @@ def _pc_bwd_cols(Q, X, VV, ETA, G, DO, DU, DGU, T, H: tl.constexpr, K: tl.conste
     _rhob, ub, urb = _blk_prefix(g, gb, i, blk, READ_AFTER)
     dob = tl.load(DO + offb, mask=vbm, other=0.).to(tl.float32)
     Pbb = tl.where(_causal16(j, READ_AFTER), tl.dot(qb, tl.trans(xb), input_precision=PREC), 0.)  # [i, s]
-    du = tl.sum(Pbb[:, :, None] * tl.exp(tl.minimum(urb[:, None, :] - ub[None, :, :], 0.)) * dob[:, None, :], 0)
+    if DSPAN > 0:  # DIAG="split" (see _split_refs): du_s = Σ_h ec_h,s (Pᵀ (dO ⊙ er_h))_s
+        er0, er1, ec0, ec1, ok = _split_refs(_rhob, ub, urb, j, DSPAN)
+        if ok:
+            PT = tl.trans(Pbb).to(dt)
+            du = (ec0 * tl.dot(PT, (dob * er0).to(dt), input_precision=PREC)
+                  + ec1 * tl.dot(PT, (dob * er1).to(dt), input_precision=PREC))
+        else:
+            du = tl.sum(Pbb[:, :, None] * tl.exp(tl.minimum(urb[:, None, :] - ub[None, :, :], 0.)) * dob[:, None, :],
+                        0)
+    else:
+        du = tl.sum(Pbb[:, :, None] * tl.exp(tl.minimum(urb[:, None, :] - ub[None, :, :], 0.)) * dob[:, None, :], 0)
     for a in range(blk + 1, NB):
         _r2, ma, ta, _x2 = _chunk_rows(b, h, n * NB + a, j, T, T, 0, H, 16)
         va = ma[:, None] & vmask[None, :]
@@ -667,8 +745,8 @@ def fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, v
     if INTRA == "blocked" and FWD_GRID == "block":
         BVi = min(int(FWD_SB_BV), _np2(V))
         _pc_fwd_intra_sb[(cdiv(V, BVi), NT * (C // 16), B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, BVi,
-                                                                read_after, prec, *va, num_warps=int(FWD_SB_WARPS),
-                                                                **st)
+                                                                read_after, prec, *va, diag_span(q.dtype),
+                                                                num_warps=int(FWD_SB_WARPS), **st)
     elif INTRA == "blocked":
         _pc_fwd_intra_blk[(cdiv(V, BVi), NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, BVi, read_after,
                                                      prec, *va, num_warps=8, **st)
@@ -693,10 +771,11 @@ def bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta,
         tiled = ROWS_GRID == "tile"
         NMP = cdiv(V, BVr) if tiled else 1  # M's parts, one per value tile, summed in _pc_bwd_main
         MM = torch.empty(B, T, H, NMP, C, dtype=torch.float32, device=q.device)
+        span = diag_span(q.dtype)
         _pc_bwd_rows[(NT * NB, B * H, NMP)](q, x, v, eta, g, dO, DGR, MM, T, H, K, V, C, BK, BVr, read_after, prec,
-                                           *va, NMP, num_warps=4 if NMP > 1 else 8, **st)
+                                           *va, NMP, span, num_warps=4 if NMP > 1 else 8, **st)
         _pc_bwd_cols[(cdiv(V, BVi), NT * NB, B * H)](q, x, v, eta, g, dO, DU, DGU, T, H, K, V, C, BK, BVi, read_after,
-                                                    prec, *va, num_warps=4, **st)
+                                                    prec, *va, span, num_warps=4, **st)
     _pc_bwd_main[(NT, B * H)](q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K,
                               V, C, BK, BVm, SB, read_after, prec, *va, MM, blocked, NMP, num_warps=8, **st)
 

@@ -10,13 +10,15 @@ Row p is written by the steps s = p-W+1 .. p (those >= 0), so once t >= p its we
 decay: S_t = e^{ζ_t} S_0 + Σ_p Ω_{t,p} x_p v_pᵀ with Ω_{t,p} = Σ_{s<=t, s in [p-W+1, p]} η_s e^{ζ_t - ζ_s}, and
 for p <= t, Ω_{t,p} = e^{ζ_t - ζ_p} c_p with c_p = Ω_{p,p}. Hence (our derivation)
 
-    S_t = S'_t + Σ_{d=1}^{W-1} Ω_{t,d} x_{t+d} v_{t+d}ᵀ ,   Ω_{t,d} := Ω_{t,t+d} = Σ_{l=0}^{W-1-d} η_{t-l} e^{ζ_t - ζ_{t-l}}
+    S_t = S'_t + Σ_{d=1}^{W-1} Ω_{t,d} x_{t+d} v_{t+d}ᵀ,
+    Ω_{t,d} := Ω_{t,t+d} = Σ_{l=0}^{W-1-d} η_{t-l} e^{ζ_t - ζ_{t-l}}
 
 where S'_t is Falcon-1A's state on the stream's OLDEST slot (row t at step t, the W scans' m = W - 1) with step
 c_t = Ω_{t,0} and the same decay: one chunk scan of chunk.py, the fastest kernels here. The rows t+1 .. t+W-1 are
 still inside a window, and enter the read-out as a band: with r = t (after) or t - 1 (before),
 
-    o_t = o'_t + Σ_{e=1}^{W-1} Ω_{r,e} (q_t·x_{r+e}) v_{r+e} ,   S_T = S'_T + Σ_{e=1}^{W-1} Ω_{T-1,e} x_{T-1+e} v_{T-1+e}ᵀ.
+    o_t = o'_t + Σ_{e=1}^{W-1} Ω_{r,e} (q_t·x_{r+e}) v_{r+e},
+    S_T = S'_T + Σ_{e=1}^{W-1} Ω_{T-1,e} x_{T-1+e} v_{T-1+e}ᵀ.
 
 Every exponent is a sum of at most W - 1 log-decays (<= 0), so nothing overflows. Kernels: _wd_weights (Ω, c from
 η, log γ; per row), the Falcon-1A scan (chunk.py, O' in fp32), _wd_band_fwd (o = o' + band, per row block; the last
