@@ -117,7 +117,7 @@ CASES.append(_c("F3-gather-W8-fp16-hostdq", delta=True, W=8, T=23, K=16, V=16, d
                 dq_sum="host"))
 CASES.append(_c("F3-gather-W2-before-C32-strong-decay", delta=True, W=2, after=False, C=32, T=45, B=1, K=16,
                 V=16, strong=True, seed=10, fused=True))
-CASES.append(_c("F2A-after", delta=False, per_col=True, seed=13))
+CASES.append(_c("F2A-after", delta=False, per_col=True, seed=13, diag="broadcast"))  # the diagonal blocks' opt-out
 CASES.append(_c("F2A-before-C32-V20", delta=False, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=14))
 CASES.append(_c("F2A-C64-strong-decay-no-S0-no-dST", delta=False, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
                 strong=True, s0=False, no_dst=True, seed=15, intra="exact"))
@@ -173,7 +173,7 @@ CASES.append(_c("F2-rowsblock-fp16-C64-V64", delta=True, per_col=True, C=64, T=7
                 dtype="float16", seed=19, intra="blocked", rows_grid="block"))
 # the diagonal sub-blocks by two references and tensor-core dots (diag="split": FALCON_TRITON_2A_DIAG=split, ours,
 # opt-in): Falcon-2A and -2 (its read-out and backward are percol.py's), both read orders, every chunk size, V with a
-# masked value tile, strong decay, fp16 (bound e^4: its strong-decay tiles take the broadcast), and a lowered bound
+# masked value tile, strong decay, fp16, and a lowered bound
 # (span 8: between the strong-decay cases' smallest and largest half-block spans; its errors differ from both span 0
 # and span 60) so that some tiles of one call take the dots and others the broadcast
 DIAG = [("F2A-after-C16", dict(delta=False)),
@@ -186,7 +186,11 @@ DIAG = [("F2A-after-C16", dict(delta=False)),
         ("F2-fp16-C16", dict(delta=True, dtype="float16"))]
 CASES += [_c(f"{n.split('-')[0]}-split-{n.split('-', 1)[1]}", per_col=True, seed=200 + i, diag="split", **kw)
           for i, (n, kw) in enumerate(DIAG)]
-CASES.append(_c("F2-after", delta=True, per_col=True, seed=17))
+# ... "split" feeds the dots fp32 operands (tf32 on a GPU) for 16-bit inputs; "split16" the inputs' dtype (fp16: bound
+# e^4, so its strong-decay tiles take the broadcast)
+CASES += [_c(f"{n.split('-')[0]}-split16-{n.split('-', 1)[1]}", per_col=True, seed=210 + i, diag="split16", **kw)
+          for i, (n, kw) in enumerate(d for d in DIAG if "fp16" in d[0])]
+CASES.append(_c("F2-after", delta=True, per_col=True, seed=17, diag="broadcast"))
 CASES.append(_c("F2-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=18))
 CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
                 strong=True, s0=False, no_dst=True, seed=19, intra="exact"))

@@ -84,27 +84,34 @@ ROWS_GRID = env_choice("FALCON_TRITON_2A_ROWS_GRID", "tile", ("tile", "block"),
                        "Falcon-2A/-2: _pc_bwd_rows per sub-block and value tile, or per sub-block")
 # The diagonal [16, 16] blocks of the blocked intra-chunk term (ours, 2026-12-04, twentieth session): "broadcast" (the
 # exact [16, 16, BV] broadcast, e^{ur_i - u_s} per row pair and column: 16 exponentials per output element, on CUDA
-# cores; proven) or "split" (two reference points per block: rows 0-7 against ρ, the log-prefix before the block, rows
-# 8-15 against σ, the log-prefix after its row 7, so e^{ur_i - u_s} = e^{ur_i - ref} e^{ref - u_s} with the first
-# factor <= 1 and the second <= e^{span}, span the largest log-decay of a half-block in the tile; the block's term is
-# then two [16, 16] x [16, BV] tensor-core dots (_pc_fwd_intra_sb, _pc_bwd_rows' dgr, _pc_bwd_cols) or two [16, BV] x
-# [BV, 16] (_pc_bwd_rows' M), with one exponential per element and reference. Where a tile's span exceeds DIAG_SPAN
-# (the second factor could overflow the dots' operand dtype: e^60 in fp32 / bf16, e^4 in fp16, whose largest value
-# is 65504) that tile takes the broadcast, so the result is exact for every decay the op allows (eps_gamma > 0 is the
-# user's: γ may be arbitrarily small). Interpreter-tested; unproven on the H200 (opt-in).
-DIAG = env_choice("FALCON_TRITON_2A_DIAG", "broadcast", ("broadcast", "split"),
-                  "Falcon-2A/-2: the diagonal sub-blocks as the exact broadcast or two-reference dots (split, opt-in)")
-
-
+# cores; proven) or "split" / "split16" (two reference points per block: rows 0-7 against ρ, the log-prefix before the
+# block, rows 8-15 against σ, the log-prefix after its row 7, so e^{ur_i - u_s} = e^{ur_i - ref} e^{ref - u_s} with the
+# first factor <= 1 and the second <= e^{span}, span the largest log-decay of a half-block in the tile; the block's term
+# is then two [16, 16] x [16, BV] tensor-core dots (_pc_fwd_intra_sb, _pc_bwd_rows' dgr, _pc_bwd_cols) or two [16, BV]
+# x [BV, 16] (_pc_bwd_rows' M), with one exponential per element and reference). "split" feeds those dots fp32
+# operands at tf32 for 16-bit inputs (10 mantissa bits where bf16 has 7: the diagonal blocks hold the largest terms),
+# "split16" the inputs' dtype. Where a tile's span exceeds the operands' bound (e^60; e^4 for fp16 operands, whose
+# largest value is 65504) that tile takes the broadcast, so the result is exact for every decay the op allows
+# (eps_gamma > 0 is the user's: γ may be arbitrarily small). On the H200 (2026-12-04, 89d24ce, kernels_2026-12-04d/
+# call3): "split16" passed all 29 rows of `bench check --variants 2A` and of `--variants 2` (bf16 errors up to 2-3x the
+# broadcast's: Falcon-2's dλ 3.5e-3 -> 1.0e-2 in the public-op row, within the 4e-2 tolerance), and in one process
+# Falcon-2A took 0.695 / 0.786 / 0.718 / 0.720x and Falcon-2 0.885 / 0.957 / 0.900 / 0.895x the broadcast's GPU time
+# at 16x2048x12x64, 1x32768x6x128, 4x8192x12x64, 16x2048x6x128.
+# "split" the default since call 4 of that session (its sweeps in the same call as the full table).
+DIAG = env_choice("FALCON_TRITON_2A_DIAG", "split", ("broadcast", "split", "split16"),
+                  "Falcon-2A/-2: the diagonal sub-blocks as the exact broadcast or two-reference dots (tf32 / input "
+                  "dtype operands)")
 DIAG_SPANS = {"float16": 4., "other": 60.}  # the bound per operand dtype (tests lower it to reach the fallback)
 
 
-def diag_span(dtype: torch.dtype) -> float:
-    """The largest half-block log-decay span the split diagonal blocks take for inputs of `dtype` (0: DIAG is
-    "broadcast", every tile takes the broadcast)."""
-    if DIAG != "split":
-        return 0.
-    return DIAG_SPANS["float16" if dtype == torch.float16 else "other"]
+def diag_args(dtype: torch.dtype, prec: str) -> tuple:
+    """(span, fp32 operands, the dots' precision) of the split diagonal blocks for inputs of `dtype` whose other dots
+    run at `prec`; span 0 when DIAG is "broadcast" (every tile takes the broadcast)."""
+    if DIAG == "broadcast":
+        return 0., False, prec
+    f32 = DIAG == "split" and dtype != torch.float32
+    span = DIAG_SPANS["float16" if dtype == torch.float16 and not f32 else "other"]
+    return span, f32, ("tf32" if f32 else prec)
 
 
 @triton.jit
@@ -334,7 +341,8 @@ def _pc_fwd_intra_blk(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constex
 @triton.jit
 def _pc_fwd_intra_sb(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr,
-                     PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr, DSPAN: tl.constexpr):
+                     PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr, DSPAN: tl.constexpr, D32: tl.constexpr,
+                     DPREC: tl.constexpr):
     """_pc_fwd_intra_blk's arithmetic with one program per sub-block instead of per chunk (ours, FWD_GRID="block", the
     default), laid out as _pc_bwd_cols: the 16 rows of sub-block a of a chunk and one value tile, its diagonal
     [16, 16, BV] broadcast, then its rows against the earlier rows (loaded masked to them) as one tensor-core dot.
@@ -381,9 +389,10 @@ def _pc_fwd_intra_sb(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexp
     if DSPAN > 0:  # DIAG="split": two tensor-core dots where the tile's span allows, else the broadcast
         er0, er1, ec0, ec1, ok = _split_refs(rho, ua, ura, j, DSPAN)
         if ok:
-            Pd = Paa.to(dt)
-            intra = (er0 * tl.dot(Pd, (Ua * ec0).to(dt), input_precision=PREC)
-                     + er1 * tl.dot(Pd, (Ua * ec1).to(dt), input_precision=PREC))
+            ddt = tl.float32 if D32 else dt
+            Pd = Paa.to(ddt)
+            intra = (er0 * tl.dot(Pd, (Ua * ec0).to(ddt), input_precision=DPREC)
+                     + er1 * tl.dot(Pd, (Ua * ec1).to(ddt), input_precision=DPREC))
         else:
             intra = tl.sum(Paa[:, :, None] * tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.))
                            * Ua[None, :, :], 1)
@@ -454,7 +463,8 @@ def _pc_bwd_state(Q, X, G, DO, DST, DHS, DU, DS0, T, NT, H: tl.constexpr, K: tl.
 @triton.jit
 def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-                 CU, CIDX, COFF, VARLEN: tl.constexpr, NMP: tl.constexpr, DSPAN: tl.constexpr):
+                 CU, CIDX, COFF, VARLEN: tl.constexpr, NMP: tl.constexpr, DSPAN: tl.constexpr,
+                 D32: tl.constexpr, DPREC: tl.constexpr):
     """Blocked backward, by output rows (ours, the default; see _pc_fwd_intra_blk): for the 16 rows i of block a of a
     chunk, M[i, s] = Σ_c e^{ur_ic - u_sc} U_sc dO_ic (causal; all s) into MM, and DGR[i, c] = dO_ic · (the intra-chunk
     term of o_ic). Program (chunk·NB + a, b·H + h); the value tiles loop inside (M sums over all of them). NMP > 1
@@ -518,12 +528,13 @@ def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.conste
         if DSPAN > 0:  # DIAG="split" (see _split_refs)
             er0, er1, ec0, ec1, ok = _split_refs(rho, ua, ura, j, DSPAN)
             if ok:
-                B0 = (Ua * ec0).to(dt)
-                B1 = (Ua * ec1).to(dt)
-                Pd = Paa.to(dt)
-                Mdiag += (tl.dot((doa * er0).to(dt), tl.trans(B0), input_precision=PREC)
-                          + tl.dot((doa * er1).to(dt), tl.trans(B1), input_precision=PREC))
-                dgr = doa * (er0 * tl.dot(Pd, B0, input_precision=PREC) + er1 * tl.dot(Pd, B1, input_precision=PREC))
+                ddt = tl.float32 if D32 else dt
+                B0 = (Ua * ec0).to(ddt)
+                B1 = (Ua * ec1).to(ddt)
+                Pd = Paa.to(ddt)
+                Mdiag += (tl.dot((doa * er0).to(ddt), tl.trans(B0), input_precision=DPREC)
+                          + tl.dot((doa * er1).to(ddt), tl.trans(B1), input_precision=DPREC))
+                dgr = doa * (er0 * tl.dot(Pd, B0, input_precision=DPREC) + er1 * tl.dot(Pd, B1, input_precision=DPREC))
             else:
                 DU3 = tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.)) * Ua[None, :, :] * doa[:, None, :]
                 Mdiag += tl.sum(DU3, 2)
@@ -549,7 +560,8 @@ def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.conste
 @triton.jit
 def _pc_bwd_cols(Q, X, VV, ETA, G, DO, DU, DGU, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-                 CU, CIDX, COFF, VARLEN: tl.constexpr, DSPAN: tl.constexpr):
+                 CU, CIDX, COFF, VARLEN: tl.constexpr, DSPAN: tl.constexpr, D32: tl.constexpr,
+                 DPREC: tl.constexpr):
     """Blocked backward, by source rows (ours, the default): for the 16 rows s of block b of a chunk and one value tile,
     du_sc = Σ_i P[i, s] e^{ur_ic - u_sc} dO_ic (added to DU, which holds the state part) and DGU[s, c] = -U_sc du_sc;
     the later blocks a > b as tensor-core dots with e^{ur_i - ρ_a} e^{ρ_a - u_s}. Program (value tile, chunk·NB + b,
@@ -594,9 +606,10 @@ def _pc_bwd_cols(Q, X, VV, ETA, G, DO, DU, DGU, T, H: tl.constexpr, K: tl.conste
     if DSPAN > 0:  # DIAG="split" (see _split_refs): du_s = Σ_h ec_h,s (Pᵀ (dO ⊙ er_h))_s
         er0, er1, ec0, ec1, ok = _split_refs(_rhob, ub, urb, j, DSPAN)
         if ok:
-            PT = tl.trans(Pbb).to(dt)
-            du = (ec0 * tl.dot(PT, (dob * er0).to(dt), input_precision=PREC)
-                  + ec1 * tl.dot(PT, (dob * er1).to(dt), input_precision=PREC))
+            ddt = tl.float32 if D32 else dt
+            PT = tl.trans(Pbb).to(ddt)
+            du = (ec0 * tl.dot(PT, (dob * er0).to(ddt), input_precision=DPREC)
+                  + ec1 * tl.dot(PT, (dob * er1).to(ddt), input_precision=DPREC))
         else:
             du = tl.sum(Pbb[:, :, None] * tl.exp(tl.minimum(urb[:, None, :] - ub[None, :, :], 0.)) * dob[:, None, :],
                         0)
@@ -745,7 +758,7 @@ def fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, v
     if INTRA == "blocked" and FWD_GRID == "block":
         BVi = min(int(FWD_SB_BV), _np2(V))
         _pc_fwd_intra_sb[(cdiv(V, BVi), NT * (C // 16), B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, BVi,
-                                                                read_after, prec, *va, diag_span(q.dtype),
+                                                                read_after, prec, *va, *diag_args(q.dtype, prec),
                                                                 num_warps=int(FWD_SB_WARPS), **st)
     elif INTRA == "blocked":
         _pc_fwd_intra_blk[(cdiv(V, BVi), NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, BVi, read_after,
@@ -771,11 +784,11 @@ def bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta,
         tiled = ROWS_GRID == "tile"
         NMP = cdiv(V, BVr) if tiled else 1  # M's parts, one per value tile, summed in _pc_bwd_main
         MM = torch.empty(B, T, H, NMP, C, dtype=torch.float32, device=q.device)
-        span = diag_span(q.dtype)
+        dg_args = diag_args(q.dtype, prec)
         _pc_bwd_rows[(NT * NB, B * H, NMP)](q, x, v, eta, g, dO, DGR, MM, T, H, K, V, C, BK, BVr, read_after, prec,
-                                           *va, NMP, span, num_warps=4 if NMP > 1 else 8, **st)
+                                           *va, NMP, *dg_args, num_warps=4 if NMP > 1 else 8, **st)
         _pc_bwd_cols[(cdiv(V, BVi), NT * NB, B * H)](q, x, v, eta, g, dO, DU, DGU, T, H, K, V, C, BK, BVi, read_after,
-                                                    prec, *va, span, num_warps=4, **st)
+                                                    prec, *va, *dg_args, num_warps=4, **st)
     _pc_bwd_main[(NT, B * H)](q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K,
                               V, C, BK, BVm, SB, read_after, prec, *va, MM, blocked, NMP, num_warps=8, **st)
 
