@@ -14,7 +14,8 @@ The default since 2026-12-03 (FALCON_TRITON_2A=blocked, ours, after fla's GLA su
 keeps the broadcast above): the chunk in 16-row sub-blocks; a diagonal
 block keeps the exact [16, 16, BV] broadcast, and every row of block a against the rows before it is ONE tensor-core
 dot, with e^{ur_i - u_s} = e^{ur_i - ρ_a} e^{ρ_a - u_s} split at ρ_a, the log-prefix just before block a: both
-exponents <= 0, so nothing overflows. Forward: _pc_fwd_intra_blk; backward: _pc_bwd_rows (M and the read-prefix
+exponents <= 0, so nothing overflows (since 2026-12-04 the diagonal blocks too run as dots, with two references per block
+and the broadcast as the fallback: DIAG below). Forward: _pc_fwd_intra_blk; backward: _pc_bwd_rows (M and the read-prefix
 gradient, by output rows) and _pc_bwd_cols (dU's intra part and the log-prefix gradient, by source rows) before
 _pc_bwd_main, which then skips its broadcast pass. The broadcast work falls from C·C to 16·C per column. Why: in a
 Falcon-2A training step on the H200 _pc_bwd_main and _pc_fwd_intra were 37 % and 22 % of the CUDA time
@@ -96,8 +97,10 @@ ROWS_GRID = env_choice("FALCON_TRITON_2A_ROWS_GRID", "tile", ("tile", "block"),
 # call3): "split16" passed all 29 rows of `bench check --variants 2A` and of `--variants 2` (bf16 errors up to 2-3x the
 # broadcast's: Falcon-2's dλ 3.5e-3 -> 1.0e-2 in the public-op row, within the 4e-2 tolerance), and in one process
 # Falcon-2A took 0.695 / 0.786 / 0.718 / 0.720x and Falcon-2 0.885 / 0.957 / 0.900 / 0.895x the broadcast's GPU time
-# at 16x2048x12x64, 1x32768x6x128, 4x8192x12x64, 16x2048x6x128.
-# "split" the default since call 4 of that session (its sweeps in the same call as the full table).
+# at 16x2048x12x64, 1x32768x6x128, 4x8192x12x64, 16x2048x6x128. "split" (tf32 operands), the default since e3905cd:
+# all 58 rows again at e3905cd (bf16 errors back at the broadcast's level: Falcon-2's public-op dλ 3.8e-3), and in one
+# process Falcon-2A 0.710 / 0.795 / 0.731 / 0.732x and Falcon-2 0.889 / 0.959 / 0.904 / 0.899x the broadcast's time
+# (split16 1-2 % faster than split; kernels_2026-12-04d/call4).
 DIAG = env_choice("FALCON_TRITON_2A_DIAG", "split", ("broadcast", "split", "split16"),
                   "Falcon-2A/-2: the diagonal sub-blocks as the exact broadcast or two-reference dots (tf32 / input "
                   "dtype operands)")
