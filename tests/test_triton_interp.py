@@ -171,24 +171,21 @@ CASES.append(_c("F2A-rowstile-rows16-before-C32-strong-decay", delta=False, per_
                 K=16, V=48, strong=True, seed=14, intra="blocked", rows_bv="16"))
 CASES.append(_c("F2-rowsblock-fp16-C64-V64", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=64,
                 dtype="float16", seed=19, intra="blocked", rows_grid="block"))
-# the diagonal sub-blocks by two references and tensor-core dots (diag="split": FALCON_TRITON_2A_DIAG=split, ours,
-# opt-in): Falcon-2A and -2 (its read-out and backward are percol.py's), both read orders, every chunk size, V with a
-# masked value tile, strong decay, fp16, and a lowered bound
-# (span 8: between the strong-decay cases' smallest and largest half-block spans; its errors differ from both span 0
-# and span 60) so that some tiles of one call take the dots and others the broadcast
-DIAG = [("F2A-after-C16", dict(delta=False)),
-        ("F2A-before-C32-V20-strong-decay", dict(delta=False, after=False, C=32, T=45, B=1, K=16, V=20, strong=True)),
-        ("F2A-C64-V48-fp16-strong-decay", dict(delta=False, C=64, T=70, B=1, V=48, dtype="float16", strong=True)),
-        ("F2A-C64-mixed-tiles", dict(delta=False, C=64, T=70, B=1, H=1, strong=True, diag_spans={"other": 8.})),
-        ("F2-C64-K48-V80-before", dict(delta=True, C=64, T=70, B=1, H=1, K=48, V=80, after=False)),
+# the diagonal sub-blocks by two references and tensor-core dots (diag="split": FALCON_TRITON_2A_DIAG=split, ours, the
+# default since 2026-12-04, so every Falcon-2A / -2 case here without `diag` runs it; "F2A-after" and "F2-after" pin
+# the broadcast): the fallback inside one call under a lowered bound (span 8: between the strong-decay cases' smallest
+# and largest half-block spans; its errors differ from both span 0 and span 60, so some tiles take the dots and others
+# the broadcast), fp16 with strong decay (fp32 operands: bound e^60); "split16" feeds the dots the inputs' dtype (fp16:
+# bound e^4, so its strong-decay tiles take the broadcast)
+DIAG = [("F2A-C64-V48-fp16-strong-decay", dict(delta=False, C=64, T=70, B=1, V=48, dtype="float16", strong=True,
+                                               seed=202)),
+        ("F2A-C64-mixed-tiles", dict(delta=False, C=64, T=70, B=1, H=1, strong=True, diag_spans={"other": 8.},
+                                     seed=203)),
         ("F2-C32-strong-decay-mixed-tiles", dict(delta=True, C=32, T=45, B=1, K=16, V=20, strong=True,
-                                                  diag_spans={"other": 8.})),
-        ("F2-fp16-C16", dict(delta=True, dtype="float16"))]
-CASES += [_c(f"{n.split('-')[0]}-split-{n.split('-', 1)[1]}", per_col=True, seed=200 + i, diag="split", **kw)
-          for i, (n, kw) in enumerate(DIAG)]
-# ... "split" feeds the dots fp32 operands (tf32 on a GPU) for 16-bit inputs; "split16" the inputs' dtype (fp16: bound
-# e^4, so its strong-decay tiles take the broadcast)
-CASES += [_c(f"{n.split('-')[0]}-split16-{n.split('-', 1)[1]}", per_col=True, seed=210 + i, diag="split16", **kw)
+                                                  diag_spans={"other": 8.}, seed=205)),
+        ("F2-fp16-C16", dict(delta=True, dtype="float16", seed=206))]
+CASES += [_c(f"{n.split('-')[0]}-split-{n.split('-', 1)[1]}", per_col=True, diag="split", **kw) for n, kw in DIAG[:3]]
+CASES += [_c(f"{n.split('-')[0]}-split16-{n.split('-', 1)[1]}", per_col=True, diag="split16", **dict(kw, seed=210 + i))
           for i, (n, kw) in enumerate(d for d in DIAG if "fp16" in d[0])]
 CASES.append(_c("F2-after", delta=True, per_col=True, seed=17, diag="broadcast"))
 CASES.append(_c("F2-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=18))
@@ -296,6 +293,12 @@ VARLEN += [dict(id=f"varlen-native-F3A-banded-{dt}-C{C}-{rd}", varlen=True, vari
                 shift=(rd == "after"), seed=84 + i, banded=True, packed3a="banded")
            for i, (dt, C, rd) in enumerate([("float32", 16, "after"), ("float32", 32, "before"),
                                             ("float16", 64, "after")])]
+# ... and on the delayed form's packed branches (FALCON_TRITON_3A_PACKED=delayed, ours, opt-in: the Falcon-1A scan on the
+# packed pair stream, the band kernels with each row's sequence; `delayed_off` 0 when the form ran)
+VARLEN += [dict(id=f"varlen-native-F3A-delayed-{dt}-C{C}-{rd}", varlen=True, variant="3A", dtype=dt, C=C, read=rd,
+                shift=(rd == "after"), seed=87 + i, delayed=True, packed3a="delayed")
+           for i, (dt, C, rd) in enumerate([("float32", 16, "after"), ("float32", 32, "before"),
+                                            ("float16", 64, "after")])]
 # Falcon-3 (window 4) on its host expansion of the packed pair stream: sequence s's pseudo-tokens from cu[s]·W
 VARLEN += [dict(id=f"varlen-native-F3-{dt}-C{C}-{rd}", varlen=True, variant="3", dtype=dt, C=C, read=rd,
                 shift=(rd == "after"), seed=90 + i)
@@ -381,6 +384,27 @@ def test_banded_falcon_3a_packed_through_the_public_op(results):
     for k, e in packed["res"].items():
         if k != "window_linear_calls":
             assert e <= 2e-5, f"{k} relative error {e:.3e}"
+
+
+def test_split_diagonal_blocks_are_the_default_and_their_bounds(monkeypatch):
+    """FALCON_TRITON_2A_DIAG=split is the default (proven on the H200, 2026-12-04): 16-bit inputs' diagonal dots take
+    fp32 operands at tf32 with the e^60 bound, fp32 inputs their own precision; split16 keeps the inputs' dtype (fp16:
+    e^4); the broadcast passes span 0, which compiles the broadcast alone."""
+    import torch
+
+    import falcon_lab.kernels.triton.percol as kp
+
+    if "FALCON_TRITON_2A_DIAG" not in os.environ:
+        assert kp.DIAG == "split"
+    monkeypatch.setattr(kp, "DIAG", "split")
+    assert kp.diag_args(torch.bfloat16, "ieee") == (60., True, "tf32")
+    assert kp.diag_args(torch.float16, "ieee") == (60., True, "tf32")
+    assert kp.diag_args(torch.float32, "tf32x3") == (60., False, "tf32x3")
+    monkeypatch.setattr(kp, "DIAG", "split16")
+    assert kp.diag_args(torch.float16, "ieee") == (4., False, "ieee")
+    assert kp.diag_args(torch.bfloat16, "ieee") == (60., False, "ieee")
+    monkeypatch.setattr(kp, "DIAG", "broadcast")
+    assert kp.diag_args(torch.bfloat16, "ieee") == (0., False, "ieee")
 
 
 def test_delayed_falcon_3a_through_the_public_op_and_compile(results):

@@ -246,13 +246,25 @@ if __name__ == "__main__":
             elif c.get("varlen"):
                 from falcon_lab.benchmarking.gpu_check import check_varlen
 
+                import falcon_lab.kernels.triton.ops as ops
+
                 prep = kt._PREP
                 kt._PREP = c.get("prep", prep)  # what FALCON_TRITON_PREP sets
+                fam = ops._FAMILIES["window_delayed"]
+                n_wd = [0]
+
+                def counted_wd(*a, _f=fam[0]):
+                    n_wd[0] += 1
+                    return _f(*a)
+                ops._FAMILIES["window_delayed"] = (counted_wd, *fam[1:])
                 try:
                     res = check_varlen(variant=c["variant"], dtype=c["dtype"], K=16, dev="cpu", seed=c["seed"],
                                        C=c["C"], read=c.get("read", "after"), shift=c.get("shift", True))
                 finally:
                     kt._PREP = prep
+                    ops._FAMILIES["window_delayed"] = fam
+                if c.get("packed3a") == "delayed":  # the delayed form's packed branches ran (0 when they did)
+                    res["delayed_off"] = float(n_wd[0] == 0)
             elif c.get("api"):
                 from falcon_lab.benchmarking.gpu_check import check_api
 

@@ -206,10 +206,10 @@ def check_varlen(*, variant, dtype, K, seed=0, dev="cuda", C=64, read="after", s
         if b is not None and (shift or n != "last_k"):  # without the shift the carried key is unused
             res["d" + n] = rel_err(a, b)
     # the forward's and the backward's chunk plans: one banded scan for 3A (FALCON_TRITON_3A_PACKED=banded, the
-    # default; W scans with =scans), one expansion for Falcon-3
-    from falcon_lab.kernels.triton import _banded_3a
+    # default; one Falcon-1A scan with =delayed; W scans with =scans), one expansion for Falcon-3
+    from falcon_lab.kernels.triton import _banded_3a, _delayed_3a
 
-    scans = W > 1 and not spec.delta and not _banded_3a(W, None, True)
+    scans = W > 1 and not spec.delta and not _banded_3a(W, None, True) and not _delayed_3a(W, None, True)
     res["native"] = float(calls[0] == 2 * (W if scans else 1))
     return res
 

@@ -115,9 +115,14 @@ PROVEN_3A_DELAYED = True  # 29/29 rows of the 3A sweep on the H200 (2026-12-04, 
 # PROVEN_VARLEN; the default before). Why: a packed Falcon-3A call costs W Falcon-1A scans. Measured on the H200
 # (experiments/h200/varlen_bench.py: 48 documents, 32768 tokens, H = 12, K = V = 64, bf16 fwd+bwd, call2/ there):
 # 12.30 ms with the scans, 7.29 ms with the banded scan (0.59x; peak 2509 MB either way; two processes back to back).
-_FALCON_3A_PACKED = env_choice("FALCON_TRITON_3A_PACKED", "banded", ("scans", "banded"),
-                               "Falcon-3A's packed calls: the W scans or the one banded scan (both proven)")
+# "delayed" (ours, 2026-12-04, twentieth session; window_delayed.py's VARLEN branches: the Falcon-1A scan on the packed
+# pair stream, the band kernels with each row's sequence): interpreter-tested against float64; on CUDA only with
+# FALCON_TRITON_UNPROVEN=1 until PROVEN_3A_PACKED_DELAYED.
+_FALCON_3A_PACKED = env_choice("FALCON_TRITON_3A_PACKED", "banded", ("scans", "banded", "delayed"),
+                               "Falcon-3A's packed calls: the W scans, the one banded scan (both proven) or the "
+                               "delayed form (unproven)")
 PROVEN_3A_PACKED = True  # the banded scan's packed form on the H200 (29/29 rows, 2026-12-04 at 6cfcede)
+PROVEN_3A_PACKED_DELAYED = False
 # Falcon-3: "gather" (the chunk kernels read the T·W pseudo-tokens in place from q, η, log γ and the pair stream: no
 # expanded copies of the inputs, outputs or their gradients; the default for unpacked calls since 2026-12-03,
 # fourteenth session: every row of `bench check --variants 3` it implements passed on the H200 with the split
@@ -198,7 +203,9 @@ def varlen_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") ->
         return False, (f"the native packed-sequence kernels of {spec.label} are not proven on the H200 "
                        "(FALCON_TRITON_UNPROVEN=1 runs them anyway)")
     if spec.window(window) != 1 and not spec.delta:
-        how = "its banded scan" if _banded_3a(spec.window(window), None, True) else "its W scans"
+        W = spec.window(window)
+        how = ("its delayed form" if _delayed_3a(W, None, True) else "its banded scan" if _banded_3a(W, None, True)
+               else "its W scans")
         return True, f"native packed sequences (chunk kernels read cu_seqlens; Falcon-3A as {how})"
     if spec.window(window) != 1:  # the in-place pseudo-tokens (FALCON_TRITON_3=gather) have no packed form
         return True, "native packed sequences (chunk kernels read cu_seqlens; Falcon-3 on its host expansion)"
@@ -366,10 +373,12 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
         # returned view's storage until the backward (ours: 201 -> 50 MB kept at (16, 2048, 12, 64) bf16, W = 4)
         return o_e.view(B, T, W, H, V)[:, :, 0].contiguous(), s
     if _delayed_3a(W, fused_window, cu_seqlens is not None):
-        if q.device.type == "cuda" and not (PROVEN_3A_DELAYED or _unproven_enabled()):
-            raise RuntimeError("Falcon-3A's delayed form (FALCON_TRITON_3A=delayed) is not proven on the H200; it runs "
-                               "on CUDA only with FALCON_TRITON_UNPROVEN=1 (FALCON_TRITON_3A=banded is proven)")
-        return chunk_core(q, xw, vw, eta, g, S0, "window_delayed", (read_after, chunk_size, W, tf32))
+        proven = PROVEN_3A_PACKED_DELAYED if cu_seqlens is not None else PROVEN_3A_DELAYED
+        if q.device.type == "cuda" and not (proven or _unproven_enabled()):
+            raise RuntimeError("Falcon-3A's delayed form is not proven on the H200 for "
+                               f"{'packed' if cu_seqlens is not None else 'unpacked'} calls; it runs on CUDA only "
+                               "with FALCON_TRITON_UNPROVEN=1 (FALCON_TRITON_3A=banded, _PACKED=banded are proven)")
+        return chunk_core(q, xw, vw, eta, g, S0, "window_delayed", (read_after, chunk_size, W, tf32), cu_seqlens)
     if _banded_3a(W, fused_window, cu_seqlens is not None):
         if cu_seqlens is not None and q.device.type == "cuda" and not (PROVEN_3A_PACKED or _unproven_enabled()):
             raise RuntimeError("Falcon-3A's banded scan on packed sequences is not proven on the H200; it runs on "
@@ -388,9 +397,14 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
 
 def _delayed_3a(W: int, fused_window: Optional[bool], packed: bool) -> bool:
     """Whether a Falcon-3A call (window W > 1, no delta) runs the delayed form (one Falcon-1A scan plus a band,
-    window_delayed.py): FALCON_TRITON_3A=delayed, unpacked, and fused_window not False (True asks for a window inside
-    the kernels: this form or the banded scan); windows up to 16, as the banded scan (the weights' loops unroll W²)."""
-    return _FALCON_3A == "delayed" and not packed and fused_window is not False and W <= WINDOW_LINEAR_MAX_W
+    window_delayed.py): FALCON_TRITON_3A=delayed for unpacked calls, FALCON_TRITON_3A_PACKED=delayed (with
+    FALCON_TRITON_3A not "scans") for packed ones, fused_window not False (True asks for a window inside the kernels:
+    this form or the banded scan); windows up to 16, as the banded scan (the weights' loops unroll W²)."""
+    if fused_window is False or W > WINDOW_LINEAR_MAX_W:
+        return False
+    if packed:
+        return _FALCON_3A_PACKED == "delayed" and _FALCON_3A != "scans"
+    return _FALCON_3A == "delayed"
 
 
 def _banded_3a(W: int, fused_window: Optional[bool], packed: bool) -> bool:

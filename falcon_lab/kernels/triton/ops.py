@@ -139,25 +139,25 @@ def _wl_saved_shapes(q, x, v, cfg, cu=None):
 
 
 # window_delayed cfg: [read_after, C, W, allow_tf32] (Falcon-3A as one Falcon-1A scan of completed weights plus a band;
-# unpacked calls only)
+# cu: packed sequences, FALCON_TRITON_3A_PACKED=delayed)
 def _wd_fwd(q, x, v, eta, g, S0, cfg, cu=None):
     read_after, C, W, tf32 = cfg
     O, ST, saved = window_delayed_forward(q, x, v, eta, g, S0, read_after=bool(read_after), C=C, W=W,
-                                          allow_tf32=bool(tf32))
+                                          allow_tf32=bool(tf32), cu_seqlens=cu)
     return [O, ST, *saved]
 
 
 def _wd_bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0, cu=None):
     read_after, C, W, tf32 = cfg
     return window_delayed_backward(q, x, v, eta, g, tuple(saved), dO, dST, read_after=bool(read_after), C=C, W=W,
-                                   allow_tf32=bool(tf32), need_ds0=need_ds0)
+                                   allow_tf32=bool(tf32), need_ds0=need_ds0, cu_seqlens=cu)
 
 
 def _wd_saved_shapes(q, x, v, cfg, cu=None):
     B, T, H, K = q.shape
     WP = next_pow2(cfg[2])
-    return [((B, H, _cdiv(T, cfg[1]), K, v.shape[-1]), state_dtype(q.dtype)), ((B, T, H, WP), torch.float32),
-            ((B, T, H), torch.float32)]
+    return [((B, H, _chunk_slots(T, cfg[1], cu), K, v.shape[-1]), state_dtype(q.dtype)),
+            ((B, T, H, WP), torch.float32), ((B, T, H), torch.float32)]
 
 
 _FAMILIES = {
