@@ -43,7 +43,9 @@ def test_which_calls_run_natively():
     try:
         for mode, packed, how in (("banded", "banded", "banded scan"), ("banded", "scans", "W scans"),
                                   ("scans", "banded", "W scans"), ("scans", "scans", "W scans"),
-                                  ("delayed", "banded", "banded scan"), ("delayed", "scans", "W scans")):
+                                  ("delayed", "banded", "banded scan"), ("delayed", "scans", "W scans"),
+                                  ("delayed", "delayed", "delayed form"), ("banded", "delayed", "delayed form"),
+                                  ("scans", "delayed", "W scans")):
             kt._FALCON_3A, kt._FALCON_3A_PACKED = mode, packed
             ok, why = varlen_check(three_a, window=4, device_type="cpu")
             assert ok and how in why, (mode, packed, why)
@@ -115,6 +117,11 @@ def test_a_packed_falcon_3a_call_follows_the_packed_switch(monkeypatch):
     assert run(4, cu) == [("window_linear", True)]
     assert run(17) == [("scalar", False)] * 17 and run(4, fused_window=False) == [("scalar", False)] * 4
     monkeypatch.setattr(kt, "_FALCON_3A_PACKED", "scans")
+    assert run(4, cu) == [("scalar", True)] * 4
+    # FALCON_TRITON_3A_PACKED=delayed (opt-in): packed calls on the delayed form too, unless FALCON_TRITON_3A=scans
+    monkeypatch.setattr(kt, "_FALCON_3A_PACKED", "delayed")
+    assert run(4, cu) == [("window_delayed", True)] and run(4) == [("window_delayed", False)]
+    monkeypatch.setattr(kt, "_FALCON_3A", "scans")
     assert run(4, cu) == [("scalar", True)] * 4
 
 
