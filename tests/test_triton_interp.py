@@ -536,7 +536,12 @@ SWITCHES = [
     (KT + "window_linear", "WL_BWD_BV", "FALCON_TRITON_3A_BWD_BV", "32", "48",
      "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),
     (KT[:-1], "_FALCON_3A_PACKED", "FALCON_TRITON_3A_PACKED", "banded", "band",
-     "FALCON_TRITON_3A_PACKED must be 'scans' or 'banded', got 'band'"),
+     "FALCON_TRITON_3A_PACKED must be 'scans', 'banded' or 'delayed', got 'band'"),
+    # Falcon-3A's delayed form (one Falcon-1A scan plus a band) and the split diagonal blocks of Falcon-2A / -2
+    (KT[:-1], "_FALCON_3A", "FALCON_TRITON_3A", "delayed", "delay",
+     "FALCON_TRITON_3A must be 'scans', 'banded' or 'delayed', got 'delay'"),
+    (KT + "percol", "DIAG", "FALCON_TRITON_2A_DIAG", "split", "dots",
+     "FALCON_TRITON_2A_DIAG must be 'broadcast', 'split' or 'split16', got 'dots'"),
     (KT + "window_linear", "WL_WEIGHTS", "FALCON_TRITON_3A_WEIGHTS", "band", "bands",
      "FALCON_TRITON_3A_WEIGHTS must be 'shifted' or 'band', got 'bands'"),
     (KT + "window_linear", "WL_CHUNK", "FALCON_TRITON_3A_CHUNK", "64", "16",
