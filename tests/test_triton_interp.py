@@ -335,8 +335,9 @@ DELAYED = [dict(API[2], id="api-varlen-continuation-F3A-delayed", delayed=True, 
 
 @pytest.fixture(scope="module")
 def results():
-    # timeout: a hang guard only. Its 161 cases took 279 s alone on the 2-core machine (2026-12-04, nineteenth session:
-    # each case prints its seconds; 475 s of case time over the two worker processes) and beside another test file
+    # timeout: a hang guard only. Its 177 cases took 233 s alone on the 2-core machine (2026-12-04, twentieth session,
+    # with interp_case_helpers' device calls skipping the interpreter's re-patching: 376 s without; 443 s of case time
+    # over the two worker processes). Its 161 cases took 279 s in the nineteenth session, and beside another test file
     # under `./lab test`'s two workers they came to the 600 s this guard had (a fresh-clone run of .ci/run at aaec578
     # stopped there, one at 8d58086 passed), so it allows 1200 s.
     return run_interp_cases("triton_interp_cases.py", CASES + DECODE + API + COMPILE + RECOMPUTE + BANDED + DELAYED +

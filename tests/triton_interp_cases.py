@@ -10,6 +10,7 @@ import time
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
+import interp_case_helpers  # noqa: E402,F401  (one torch thread; device calls without the interpreter's re-patching)
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
