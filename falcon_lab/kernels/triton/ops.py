@@ -119,38 +119,28 @@ def _percol_saved_shapes(with_r: bool):
     return f
 
 
-# window_linear cfg: [read_after, C, W, allow_tf32] (Falcon-3A in one scan)
-def _wl_fwd(q, x, v, eta, g, S0, cfg, cu=None):
-    read_after, C, W, tf32 = cfg
-    O, ST, saved = window_linear_forward(q, x, v, eta, g, S0, read_after=bool(read_after), C=C, W=W,
-                                         allow_tf32=bool(tf32), cu_seqlens=cu)
-    return [O, ST, *saved]
+# window_linear / window_delayed cfg: [read_after, C, W, allow_tf32] (Falcon-3A in one banded scan / as one Falcon-1A
+# scan of completed weights plus a band; cu: packed sequences)
+def _window_fwd(fwd):
+    def f(q, x, v, eta, g, S0, cfg, cu=None):
+        read_after, C, W, tf32 = cfg
+        O, ST, saved = fwd(q, x, v, eta, g, S0, read_after=bool(read_after), C=C, W=W, allow_tf32=bool(tf32),
+                           cu_seqlens=cu)
+        return [O, ST, *saved]
+    return f
 
 
-def _wl_bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0, cu=None):
-    read_after, C, W, tf32 = cfg
-    return window_linear_backward(q, x, v, eta, g, tuple(saved), dO, dST, read_after=bool(read_after), C=C, W=W,
-                                  allow_tf32=bool(tf32), need_ds0=need_ds0, cu_seqlens=cu)
+def _window_bwd(bwd):
+    def f(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0, cu=None):
+        read_after, C, W, tf32 = cfg
+        return bwd(q, x, v, eta, g, tuple(saved), dO, dST, read_after=bool(read_after), C=C, W=W,
+                   allow_tf32=bool(tf32), need_ds0=need_ds0, cu_seqlens=cu)
+    return f
 
 
 def _wl_saved_shapes(q, x, v, cfg, cu=None):
     B, T, H, K = q.shape
     return [((B, H, _chunk_slots(T, cfg[1], cu), K, v.shape[-1]), torch.float32)]
-
-
-# window_delayed cfg: [read_after, C, W, allow_tf32] (Falcon-3A as one Falcon-1A scan of completed weights plus a band;
-# cu: packed sequences, FALCON_TRITON_3A_PACKED=delayed)
-def _wd_fwd(q, x, v, eta, g, S0, cfg, cu=None):
-    read_after, C, W, tf32 = cfg
-    O, ST, saved = window_delayed_forward(q, x, v, eta, g, S0, read_after=bool(read_after), C=C, W=W,
-                                          allow_tf32=bool(tf32), cu_seqlens=cu)
-    return [O, ST, *saved]
-
-
-def _wd_bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0, cu=None):
-    read_after, C, W, tf32 = cfg
-    return window_delayed_backward(q, x, v, eta, g, tuple(saved), dO, dST, read_after=bool(read_after), C=C, W=W,
-                                   allow_tf32=bool(tf32), need_ds0=need_ds0, cu_seqlens=cu)
 
 
 def _wd_saved_shapes(q, x, v, cfg, cu=None):
@@ -164,8 +154,8 @@ _FAMILIES = {
     "scalar": (_scalar_fwd, _scalar_bwd, _scalar_saved_shapes),
     "percol": (_percol_fwd(percol_forward), _percol_bwd(percol_backward), _percol_saved_shapes(False)),
     "percol_delta": (_percol_fwd(percol_delta_forward), _percol_bwd(percol_delta_backward), _percol_saved_shapes(True)),
-    "window_linear": (_wl_fwd, _wl_bwd, _wl_saved_shapes),
-    "window_delayed": (_wd_fwd, _wd_bwd, _wd_saved_shapes),
+    "window_linear": (_window_fwd(window_linear_forward), _window_bwd(window_linear_backward), _wl_saved_shapes),
+    "window_delayed": (_window_fwd(window_delayed_forward), _window_bwd(window_delayed_backward), _wd_saved_shapes),
 }
 
 

@@ -389,16 +389,14 @@ def _pc_fwd_intra_sb(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexp
     Ua = tl.load(VV + offa, mask=va, other=0.).to(tl.float32) * tl.load(ETA + offa, mask=va, other=0.)
     rho, ua, ura = _blk_prefix(g, ga, i, a, READ_AFTER)
     Paa = tl.where(_causal16(j, READ_AFTER), tl.dot(qa, tl.trans(xa), input_precision=PREC), 0.)
-    if DSPAN > 0:  # DIAG="split": two tensor-core dots where the tile's span allows, else the broadcast
+    ok = False  # DIAG="split" (DSPAN > 0): two tensor-core dots where the tile's span allows, else the broadcast
+    if DSPAN > 0:
         er0, er1, ec0, ec1, ok = _split_refs(rho, ua, ura, j, DSPAN)
-        if ok:
-            ddt = tl.float32 if D32 else dt
-            Pd = Paa.to(ddt)
-            intra = (er0 * tl.dot(Pd, (Ua * ec0).to(ddt), input_precision=DPREC)
-                     + er1 * tl.dot(Pd, (Ua * ec1).to(ddt), input_precision=DPREC))
-        else:
-            intra = tl.sum(Paa[:, :, None] * tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.))
-                           * Ua[None, :, :], 1)
+    if ok:
+        ddt = tl.float32 if D32 else dt
+        Pd = Paa.to(ddt)
+        intra = (er0 * tl.dot(Pd, (Ua * ec0).to(ddt), input_precision=DPREC)
+                 + er1 * tl.dot(Pd, (Ua * ec1).to(ddt), input_precision=DPREC))
     else:
         intra = tl.sum(Paa[:, :, None] * tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.)) * Ua[None, :, :], 1)
     if a > 0:
@@ -528,20 +526,17 @@ def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.conste
         Ua = tl.load(VV + offa, mask=va, other=0.).to(tl.float32) * tl.load(ETA + offa, mask=va, other=0.)
         doa = tl.load(DO + offa, mask=va, other=0.).to(tl.float32)
         rho, ua, ura = _blk_prefix(g, ga, i, a, READ_AFTER)
-        if DSPAN > 0:  # DIAG="split" (see _split_refs)
+        ok = False  # DIAG="split" (DSPAN > 0; see _split_refs)
+        if DSPAN > 0:
             er0, er1, ec0, ec1, ok = _split_refs(rho, ua, ura, j, DSPAN)
-            if ok:
-                ddt = tl.float32 if D32 else dt
-                B0 = (Ua * ec0).to(ddt)
-                B1 = (Ua * ec1).to(ddt)
-                Pd = Paa.to(ddt)
-                Mdiag += (tl.dot((doa * er0).to(ddt), tl.trans(B0), input_precision=DPREC)
-                          + tl.dot((doa * er1).to(ddt), tl.trans(B1), input_precision=DPREC))
-                dgr = doa * (er0 * tl.dot(Pd, B0, input_precision=DPREC) + er1 * tl.dot(Pd, B1, input_precision=DPREC))
-            else:
-                DU3 = tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.)) * Ua[None, :, :] * doa[:, None, :]
-                Mdiag += tl.sum(DU3, 2)
-                dgr = tl.sum(Paa[:, :, None] * DU3, 1)
+        if ok:
+            ddt = tl.float32 if D32 else dt
+            B0 = (Ua * ec0).to(ddt)
+            B1 = (Ua * ec1).to(ddt)
+            Pd = Paa.to(ddt)
+            Mdiag += (tl.dot((doa * er0).to(ddt), tl.trans(B0), input_precision=DPREC)
+                      + tl.dot((doa * er1).to(ddt), tl.trans(B1), input_precision=DPREC))
+            dgr = doa * (er0 * tl.dot(Pd, B0, input_precision=DPREC) + er1 * tl.dot(Pd, B1, input_precision=DPREC))
         else:
             DU3 = tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.)) * Ua[None, :, :] * doa[:, None, :]
             Mdiag += tl.sum(DU3, 2)
@@ -606,16 +601,14 @@ def _pc_bwd_cols(Q, X, VV, ETA, G, DO, DU, DGU, T, H: tl.constexpr, K: tl.conste
     _rhob, ub, urb = _blk_prefix(g, gb, i, blk, READ_AFTER)
     dob = tl.load(DO + offb, mask=vbm, other=0.).to(tl.float32)
     Pbb = tl.where(_causal16(j, READ_AFTER), tl.dot(qb, tl.trans(xb), input_precision=PREC), 0.)  # [i, s]
-    if DSPAN > 0:  # DIAG="split" (see _split_refs): du_s = Σ_h ec_h,s (Pᵀ (dO ⊙ er_h))_s
+    ok = False  # DIAG="split" (DSPAN > 0; see _split_refs): du_s = Σ_h ec_h,s (Pᵀ (dO ⊙ er_h))_s
+    if DSPAN > 0:
         er0, er1, ec0, ec1, ok = _split_refs(_rhob, ub, urb, j, DSPAN)
-        if ok:
-            ddt = tl.float32 if D32 else dt
-            PT = tl.trans(Pbb).to(ddt)
-            du = (ec0 * tl.dot(PT, (dob * er0).to(ddt), input_precision=DPREC)
-                  + ec1 * tl.dot(PT, (dob * er1).to(ddt), input_precision=DPREC))
-        else:
-            du = tl.sum(Pbb[:, :, None] * tl.exp(tl.minimum(urb[:, None, :] - ub[None, :, :], 0.)) * dob[:, None, :],
-                        0)
+    if ok:
+        ddt = tl.float32 if D32 else dt
+        PT = tl.trans(Pbb).to(ddt)
+        du = (ec0 * tl.dot(PT, (dob * er0).to(ddt), input_precision=DPREC)
+              + ec1 * tl.dot(PT, (dob * er1).to(ddt), input_precision=DPREC))
     else:
         du = tl.sum(Pbb[:, :, None] * tl.exp(tl.minimum(urb[:, None, :] - ub[None, :, :], 0.)) * dob[:, None, :], 0)
     for a in range(blk + 1, NB):
