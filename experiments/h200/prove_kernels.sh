@@ -240,6 +240,10 @@ step f2a_time 240 bash -c "for m in exact blocked; do FALCON_TRITON_2A=\$m FALCO
 step statebv_time 240 bash -c "for m in off auto; do FALCON_TRITON_STATE_BV=\$m \
   python3 -m falcon_lab.bench kernels --ops falcon-1,falcon-1A,falcon-3A --out $W/kernels_statebv_\$m; done"
 step varlen_time 150 env FALCON_TRITON_UNPROVEN=1 python3 experiments/h200/varlen_bench.py --out "$W/varlen_bench"
+# varlen3a_ab: packed Falcon-3A on the banded scan against the delayed form (FALCON_TRITON_3A_PACKED), one process
+# each, same batch (2026-12-04, twenty-first session: the delayed packed form's timing before it may be the default)
+step varlen3a_ab 240 bash -c "for m in banded delayed; do FALCON_TRITON_3A_PACKED=\$m FALCON_TRITON_UNPROVEN=1 \
+  python3 experiments/h200/varlen_bench.py --variants 3A,1A --out $W/varlen3a_\$m; done"
 step f3gather_time 200 bash -c "for m in expand gather; do FALCON_TRITON_3=\$m python3 -m falcon_lab.bench \
   kernels --ops ${F3G_OPS:-falcon-3,falcon-1} --out $W/kernels_f3_\$m; done"
 step f2torch 150 python3 -m falcon_lab.bench kernels --quick --out "$W/kernels_f2torch" \
