@@ -293,8 +293,9 @@ VARLEN += [dict(id=f"varlen-native-F3A-banded-{dt}-C{C}-{rd}", varlen=True, vari
                 shift=(rd == "after"), seed=84 + i, banded=True, packed3a="banded")
            for i, (dt, C, rd) in enumerate([("float32", 16, "after"), ("float32", 32, "before"),
                                             ("float16", 64, "after")])]
-# ... and on the delayed form's packed branches (FALCON_TRITON_3A_PACKED=delayed, ours, opt-in: the Falcon-1A scan on the
-# packed pair stream, the band kernels with each row's sequence; `delayed_off` 0 when the form ran)
+# ... and on the delayed form's packed branches (FALCON_TRITON_3A_PACKED=delayed, ours, proven on the H200 and the default
+# since 2026-12-04, twenty-first session: the Falcon-1A scan on the packed pair stream, the band kernels with each row's
+# sequence; `delayed_off` 0 when the form ran)
 VARLEN += [dict(id=f"varlen-native-F3A-delayed-{dt}-C{C}-{rd}", varlen=True, variant="3A", dtype=dt, C=C, read=rd,
                 shift=(rd == "after"), seed=87 + i, delayed=True, packed3a="delayed")
            for i, (dt, C, rd) in enumerate([("float32", 16, "after"), ("float32", 32, "before"),
@@ -372,13 +373,13 @@ def test_banded_falcon_3a_through_the_public_op_and_compile(results):
 
 
 def test_banded_falcon_3a_packed_through_the_public_op(results):
-    """With FALCON_TRITON_3A_PACKED=banded (the default since 2026-12-04) the packed call takes the banded scan too (one
-    more forward call of it than with =scans, where the packed call runs the W scans), against the float64
-    recurrence."""
+    """With FALCON_TRITON_3A_PACKED=banded (the default 2026-12-04, nineteenth to twentieth session) the packed call
+    takes the banded scan too (one more forward call of it than with =scans, where the packed call runs the W scans),
+    against the float64 recurrence. The packed default is the delayed form since the twenty-first session."""
     import falcon_lab.kernels.triton as kt
 
     if "FALCON_TRITON_3A_PACKED" not in os.environ:
-        assert kt._FALCON_3A_PACKED == "banded", "the banded scan is the packed default since the H200 proved it"
+        assert kt._FALCON_3A_PACKED == "delayed", "the delayed form is the packed default since the H200 proved it"
     base, packed = results.get(BANDED[0]["id"]), results.get(BANDED[2]["id"])
     assert packed is not None and "error" not in packed, packed
     assert packed["res"]["window_linear_calls"] == base["res"]["window_linear_calls"] + 1, (base, packed)
@@ -536,7 +537,7 @@ SWITCHES = [
     # the banded 3A's backward value block
     (KT + "window_linear", "WL_BWD_BV", "FALCON_TRITON_3A_BWD_BV", "32", "48",
      "FALCON_TRITON_3A_BWD_BV must be '16', '32', '64' or '128', got '48'"),
-    (KT[:-1], "_FALCON_3A_PACKED", "FALCON_TRITON_3A_PACKED", "banded", "band",
+    (KT[:-1], "_FALCON_3A_PACKED", "FALCON_TRITON_3A_PACKED", "delayed", "band",
      "FALCON_TRITON_3A_PACKED must be 'scans', 'banded' or 'delayed', got 'band'"),
     # Falcon-3A's delayed form (one Falcon-1A scan plus a band) and the split diagonal blocks of Falcon-2A / -2
     (KT[:-1], "_FALCON_3A", "FALCON_TRITON_3A", "delayed", "delay",

@@ -72,7 +72,8 @@ def test_which_calls_run_natively():
 def test_a_packed_falcon_3a_call_follows_the_packed_switch(monkeypatch):
     """With FALCON_TRITON_3A=banded (the default) `core` takes the banded kernel for an unpacked Falcon-3A call and, for
     a packed one (as the public op calls it when varlen_check says native), the banded kernel reading cu_seqlens under
-    FALCON_TRITON_3A_PACKED=banded (the default since 2026-12-04) or the W scans reading them under =scans; the scans
+    FALCON_TRITON_3A_PACKED=banded (the default 2026-12-04, nineteenth to twentieth session; the delayed form since) or
+    the W scans reading them under =scans; the scans
     too for a window the banded kernel does not take (W > 16). The kernel families are stubbed: which family each call
     launched, with which cu_seqlens, no kernels."""
     import falcon_lab.kernels.triton as kt
@@ -110,7 +111,7 @@ def test_a_packed_falcon_3a_call_follows_the_packed_switch(monkeypatch):
     monkeypatch.setattr(kt, "_FALCON_3A", "scans")
     assert run(4) == [("scalar", False)] * 4  # FALCON_TRITON_3A=scans
     # FALCON_TRITON_3A=delayed (one Falcon-1A scan plus a band, window_delayed.py): unpacked calls up to W = 16, also
-    # with fused_window=True; packed calls follow FALCON_TRITON_3A_PACKED (the banded scan by default); W > 16 and
+    # with fused_window=True; packed calls follow FALCON_TRITON_3A_PACKED (banded set above); W > 16 and
     # fused_window=False the scans
     monkeypatch.setattr(kt, "_FALCON_3A", "delayed")
     assert run(4) == [("window_delayed", False)] and run(16, fused_window=True) == [("window_delayed", False)]
@@ -118,7 +119,8 @@ def test_a_packed_falcon_3a_call_follows_the_packed_switch(monkeypatch):
     assert run(17) == [("scalar", False)] * 17 and run(4, fused_window=False) == [("scalar", False)] * 4
     monkeypatch.setattr(kt, "_FALCON_3A_PACKED", "scans")
     assert run(4, cu) == [("scalar", True)] * 4
-    # FALCON_TRITON_3A_PACKED=delayed (opt-in): packed calls on the delayed form too, unless FALCON_TRITON_3A=scans
+    # FALCON_TRITON_3A_PACKED=delayed (the default since 2026-12-04, twenty-first session): packed calls on the delayed
+    # form too, unless FALCON_TRITON_3A=scans
     monkeypatch.setattr(kt, "_FALCON_3A_PACKED", "delayed")
     assert run(4, cu) == [("window_delayed", True)] and run(4) == [("window_delayed", False)]
     monkeypatch.setattr(kt, "_FALCON_3A", "scans")

@@ -205,8 +205,8 @@ def check_varlen(*, variant, dtype, K, seed=0, dev="cuda", C=64, read="after", s
     for n, a, b in zip(names, gk, gref):
         if b is not None and (shift or n != "last_k"):  # without the shift the carried key is unused
             res["d" + n] = rel_err(a, b)
-    # the forward's and the backward's chunk plans: one banded scan for 3A (FALCON_TRITON_3A_PACKED=banded, the
-    # default; one Falcon-1A scan with =delayed; W scans with =scans), one expansion for Falcon-3
+    # the forward's and the backward's chunk plans: one Falcon-1A scan for 3A (FALCON_TRITON_3A_PACKED=delayed, the
+    # default since 2026-12-04; one banded scan with =banded; W scans with =scans), one expansion for Falcon-3
     from falcon_lab.kernels.triton import _banded_3a, _delayed_3a
 
     scans = W > 1 and not spec.delta and not _banded_3a(W, None, True) and not _delayed_3a(W, None, True)

@@ -240,6 +240,8 @@ def time_op(op, shape, profile_dir=None):
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
+                for t in ins:  # as do_bench's grad_to_none: no AccumulateGrad add_ in the table (before 2026-12-04's
+                    t.grad = None  # twenty-first session the 2nd and 3rd calls added into the 1st's gradients)
                 fb()
             torch.cuda.synchronize()
         name = f"{op}_{B}x{T}x{H}x{K}"

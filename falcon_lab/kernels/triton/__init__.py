@@ -44,7 +44,8 @@ What runs where (docs/kernels-triton.md):
     prep, prep.py; windowed variants' pair stream packs each sequence's W-1 carried rows before its pairs; Falcon-3's
     pseudo-tokens of sequence s start at cu[s]·W), no padding to [N, T_max]; interpreter-tested against float64 and
     proven on the H200 (bf16 and fp32, C = 16 and 64; Falcon-3's since 2026-12-03); a packed Falcon-3A call runs
-    the banded scan's packed form (FALCON_TRITON_3A_PACKED=banded, proven 2026-12-04, the default since) or, with
+    the delayed form's packed kernels (FALCON_TRITON_3A_PACKED=delayed, proven 2026-12-04, the default since), the
+    banded scan's packed form (FALCON_TRITON_3A_PACKED=banded, proven 2026-12-04) or, with
     FALCON_TRITON_3A_PACKED=scans or FALCON_TRITON_3A=scans, the W scans natively, and a packed Falcon-3 call its expansion
     under either FALCON_TRITON_3; FALCON_TRITON_VARLEN=pad pads every variant;
 CPU tensors run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment
@@ -116,13 +117,19 @@ PROVEN_3A_DELAYED = True  # 29/29 rows of the 3A sweep on the H200 (2026-12-04, 
 # (experiments/h200/varlen_bench.py: 48 documents, 32768 tokens, H = 12, K = V = 64, bf16 fwd+bwd, call2/ there):
 # 12.30 ms with the scans, 7.29 ms with the banded scan (0.59x; peak 2509 MB either way; two processes back to back).
 # "delayed" (ours, 2026-12-04, twentieth session; window_delayed.py's VARLEN branches: the Falcon-1A scan on the packed
-# pair stream, the band kernels with each row's sequence): interpreter-tested against float64; on CUDA only with
-# FALCON_TRITON_UNPROVEN=1 until PROVEN_3A_PACKED_DELAYED.
-_FALCON_3A_PACKED = env_choice("FALCON_TRITON_3A_PACKED", "banded", ("scans", "banded", "delayed"),
-                               "Falcon-3A's packed calls: the W scans, the one banded scan (both proven) or the "
-                               "delayed form (unproven)")
+# pair stream, the band kernels with each row's sequence; the default since the twenty-first session): interpreter-
+# tested against float64; proven on the H200 at d1c5a27 (torch 2.11, Triton 3.6; benchmarks/results/h200_logs/
+# kernels_2026-12-04e/call1/check_x_pd/): rows 23-29 of `bench check --variants 3A` with it, every row that takes a
+# packed path (the public op with ragged cu_seqlens + continuation, bf16 and fp32; the four varlen-native rows,
+# native = 1, NaN-poisoned), all pass; rows 1-22 are unpacked calls, which it does not touch. Timed on the same
+# machine (varlen_bench.py, 48 documents, 32768 tokens, H = 12, K = V = 64, bf16 fwd+bwd, one process per form,
+# call1/varlen3a_*): 6.07 ms against the banded scan's 7.25 (0.84x; Falcon-1A in the same processes 3.83 / 3.27 ms,
+# so 3A / 1A 1.58 against 2.22), peak 2509 MB either way.
+_FALCON_3A_PACKED = env_choice("FALCON_TRITON_3A_PACKED", "delayed", ("scans", "banded", "delayed"),
+                               "Falcon-3A's packed calls: the delayed form, the one banded scan or the W scans "
+                               "(all proven)")
 PROVEN_3A_PACKED = True  # the banded scan's packed form on the H200 (29/29 rows, 2026-12-04 at 6cfcede)
-PROVEN_3A_PACKED_DELAYED = False
+PROVEN_3A_PACKED_DELAYED = True  # the delayed form's packed rows (23-29) on the H200 (2026-12-04 at d1c5a27)
 # Falcon-3: "gather" (the chunk kernels read the T·W pseudo-tokens in place from q, η, log γ and the pair stream: no
 # expanded copies of the inputs, outputs or their gradients; the default for unpacked calls since 2026-12-03,
 # fourteenth session: every row of `bench check --variants 3` it implements passed on the H200 with the split
@@ -197,8 +204,9 @@ def varlen_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") ->
     """(whether a Triton-backend call with cu_seqlens runs the packed batch natively, why); else it is padded."""
     if _VARLEN != "native":
         return False, "FALCON_TRITON_VARLEN=pad"
-    # Falcon-3A: `core` runs a packed call as its banded scan (FALCON_TRITON_3A_PACKED=banded, the default, proven:
-    # PROVEN_3A_PACKED) or as the W scans, natively either way (proven: "3A" in PROVEN_VARLEN)
+    # Falcon-3A: `core` runs a packed call in its delayed form (FALCON_TRITON_3A_PACKED=delayed, the default, proven:
+    # PROVEN_3A_PACKED_DELAYED), as its banded scan (=banded, proven: PROVEN_3A_PACKED) or as the W scans, natively
+    # every way (proven: "3A" in PROVEN_VARLEN)
     if device_type == "cuda" and not (spec.variant in PROVEN_VARLEN or _unproven_enabled()):
         return False, (f"the native packed-sequence kernels of {spec.label} are not proven on the H200 "
                        "(FALCON_TRITON_UNPROVEN=1 runs them anyway)")
@@ -294,10 +302,9 @@ def core(q, xw, vw, eta, g, S0: Optional[torch.Tensor], *, delta: bool, window: 
     [N, H, K, V]); no padding.
 
     fused_window: the window inside the kernels: Falcon-3A (window > 1, no delta) in one banded scan (True; with
-    FALCON_TRITON_3A=delayed, unpacked calls run the delayed form: one Falcon-1A scan plus a band) or as W
-    Falcon-1A scans (False), None following FALCON_TRITON_3A (default "banded" since 2026-12-03, proven on the H200;
-    a window above 16 runs the scans; with cu_seqlens, FALCON_TRITON_3A_PACKED decides too, default the banded
-    scan);
+    FALCON_TRITON_3A=delayed, calls run the delayed form: one Falcon-1A scan plus a band) or as W Falcon-1A scans
+    (False), None following FALCON_TRITON_3A (default "delayed" since 2026-12-04, proven on the H200; a window above
+    16 runs the scans; with cu_seqlens, FALCON_TRITON_3A_PACKED decides too, default the delayed form);
     Falcon-3 with its pseudo-tokens read in place (True) or expanded on the host (False), None following
     FALCON_TRITON_3 (default "gather" since 2026-12-03, proven on the H200; with cu_seqlens the expansion).
 

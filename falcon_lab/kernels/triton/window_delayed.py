@@ -26,7 +26,8 @@ block's program adds S_T's band, _wd_tail); backward: the scan's backward, _wd_b
 the scan's dq, dx, dv, which it leaves unfilled past row T; dΩ), _wd_tail_bwd (S_T's band, W - 1 rows per sequence,
 only when dS_T is given), _wd_weights_bwd (dη, and dlog γ added to the scan's). The band costs O(W (K + V)) per step on
 CUDA cores, memory-bound: q, x, v, o (and their gradients) read and written about once.
-Packed calls (cu_seqlens, B = 1) run natively with FALCON_TRITON_3A_PACKED=delayed (ours, opt-in, unproven on the H200):
+Packed calls (cu_seqlens, B = 1) run natively with FALCON_TRITON_3A_PACKED=delayed (ours; proven on the H200 and the
+default since 2026-12-04, twenty-first session: rows 23-29 of the 3A sweep, 0.84x the banded scan's packed form):
 the scan reads the packed pair stream, the band kernels each row's sequence (SEQ, PSEQ) and its bounds (cu_seqlens),
 each sequence's final-state band its own program (_wd_tail_seq).
 """
