@@ -193,6 +193,30 @@ def test_state_pass_value_tile_switch(monkeypatch):
         common.state_bv(32, 128, 6, torch.bfloat16)
 
 
+def test_linear_state_pass_key_tiles(monkeypatch):
+    """FALCON_TRITON_LINEAR_KSPLIT: "off" keeps the whole key width (NKB = 1) with state_bv's value tile; "on" halves the
+    key tile (not below KSPLIT_MIN_BK) while the pass would have fewer than STATE_PROGRAMS programs, then the value tile
+    with NKB x the programs; chunk.py's delta rule (and Falcon-3's groups) never split."""
+    from falcon_lab.kernels.triton import chunk, common
+
+    monkeypatch.setattr(common, "STATE_BV", "auto")
+    monkeypatch.setattr(common, "LINEAR_KSPLIT", "off")
+    assert common.linear_state_tiles(128, 32, 128, 128, 6, torch.bfloat16) == (128, 16, 1)
+    monkeypatch.setattr(common, "LINEAR_KSPLIT", "on")
+    # (1, 32768, 6, 128): 24 programs -> key tiles of 32 (96) -> value tiles of 16 (192)
+    assert common.linear_state_tiles(128, 32, 128, 128, 6, torch.bfloat16) == (32, 16, 4)
+    assert common.linear_state_tiles(128, 32, 128, 128, 6, torch.float32) == (32, 32, 4)  # fp32 value tiles >= 32
+    # (4, 8192, 12, 64): 48 -> key tiles of 32 (96) -> value tiles of 32 (192), 16 (384)
+    assert common.linear_state_tiles(64, 64, 64, 64, 48, torch.bfloat16) == (32, 16, 2)
+    # (16, 2048, 12, 64): 192 -> 384 programs with two key tiles, the value tile kept
+    assert common.linear_state_tiles(64, 64, 64, 64, 192, torch.bfloat16) == (32, 64, 2)
+    assert common.linear_state_tiles(64, 64, 64, 64, 192 * 4, torch.bfloat16) == (64, 64, 1)  # enough already
+    assert common.linear_state_tiles(32, 32, 32, 32, 1, torch.bfloat16)[2] == 1  # key tiles >= KSPLIT_MIN_BK (32)
+    assert chunk._state_tiles(128, 32, 128, 128, 6, torch.bfloat16, True, 1) == (128, 16, 1)  # the delta rule
+    assert chunk._state_tiles(128, 32, 128, 128, 6, torch.bfloat16, False, 4)[2] == 1  # Falcon-3's groups
+    assert chunk._state_tiles(128, 32, 128, 128, 6, torch.bfloat16, False, 1) == (32, 16, 4)
+
+
 def test_state_pass_launch_switches(monkeypatch):
     """FALCON_TRITON_STATE_STAGES / _WARPS: empty (the defaults) keep the call's compile options; 1-4 stages are set for
     16-bit calls, never for fp32 (its 1 stage), warps for every call; anything else fails at import, naming the

@@ -89,6 +89,18 @@ WD = [("W4-after-C16", dict(W=4)),
       ("W2-before-fp16", dict(W=2, after=False, dtype="float16"))]
 CASES += [_c(f"F3A-delayed-{n}", delta=False, seed=160 + i, fused=True, delayed=True, **kw)
           for i, (n, kw) in enumerate(WD)]
+# The linear state passes split over key tiles (ksplit: FALCON_TRITON_LINEAR_KSPLIT=on, ours, with the smallest key tile
+# lowered to 16 so that K = 32 / 48 split in two / three and K = 80 in five with a masked rest): Falcon-1A both read
+# orders, several value blocks, no S0 / no dS_T, strong decay, fp16; Falcon-3A's delayed form (its Falcon-1A scan
+# with xoff = 0) and its W scans (xoff > 0)
+KS = [("F1A-after-K32", dict(delta=False, K=32)),
+      ("F1A-before-C32-K48-V80", dict(delta=False, after=False, C=32, T=70, K=48, V=80, B=1)),
+      ("F1A-C64-T65-K80-no-S0-no-dST", dict(delta=False, C=64, T=65, B=1, H=1, K=80, V=32, s0=False, no_dst=True)),
+      ("F1A-strong-decay-K32", dict(delta=False, C=64, T=64, B=1, H=1, K=32, strong=True)),
+      ("F1A-fp16-K32", dict(delta=False, K=32, dtype="float16")),
+      ("F3A-delayed-W4-K32", dict(delta=False, W=4, K=32, fused=True, delayed=True)),
+      ("F3A-scans-W3-before-K48", dict(delta=False, W=3, K=48, after=False, C=32, T=45, fused=False))]
+CASES += [_c(f"ksplit-{n}", seed=190 + i, ksplit=True, **kw) for i, (n, kw) in enumerate(KS)]
 # Falcon-3 on its host expansion (fused_window=False: FALCON_TRITON_3=expand, and every packed call)
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9, fused=False))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10,
@@ -318,6 +330,13 @@ VARLEN.append(dict(id="varlen-native-F2-C32-fused", varlen=True, variant="2", dt
 VARLEN.append(dict(id="varlen-native-F2-C32-invkeep", varlen=True, variant="2", dtype="float32", C=32, seed=71,
                    inv_keep="save"))
 # the same with the PyTorch prep on the packed batch (torch.compile's path; FALCON_TRITON_PREP=torch) instead of the
+# ... the linear state passes split over key tiles on packed sequences (ksplit, K = 32: two key tiles of 16; the delayed
+# Falcon-3A's packed form with it too)
+VARLEN += [dict(id=f"varlen-native-F{v}-ksplit-K32-{dt}-C{C}-{rd}", varlen=True, variant=v, dtype=dt, C=C, read=rd,
+                shift=(rd == "after"), seed=95 + i, ksplit=True, K=32, **kw)
+           for i, (v, dt, C, rd, kw) in enumerate([("1A", "float32", 16, "after", {}),
+                                                    ("1A", "float16", 32, "before", {}),
+                                                    ("3A", "float32", 16, "after", dict(packed3a="delayed"))])]
 # fused prep kernels' packed branch
 VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dtype="float32", C=16, prep="torch",
                 seed=70 + i) for i, v in enumerate(("1", "2A"))]
@@ -550,6 +569,8 @@ SWITCHES = [
      "FALCON_TRITON_3A_CHUNK must be '64' or '32', got '16'"),
     (KT + "chunk", "STATE_DTYPE", "FALCON_TRITON_STATE_DTYPE", "input", "bf16",
      "FALCON_TRITON_STATE_DTYPE must be 'fp32' or 'input', got 'bf16'"),
+    (KT + "common", "LINEAR_KSPLIT", "FALCON_TRITON_LINEAR_KSPLIT", "off", "yes",
+     "FALCON_TRITON_LINEAR_KSPLIT must be 'off' or 'on', got 'yes'"),
     # the on/off switches take 0 or 1 only (any other value used to mean "off", silently)
     (KT + "common", "POISON", "FALCON_TRITON_POISON", None, "true",
      "FALCON_TRITON_POISON must be '0' or '1', got 'true'"),

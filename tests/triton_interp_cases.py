@@ -203,6 +203,7 @@ if __name__ == "__main__":
     default_diag, default_spans = kpercol.DIAG, dict(kpercol.DIAG_SPANS)
     default_pair_sum = kpair.PAIR_SUM
     default_state_bv = kcommon.STATE_BV
+    default_ksplit, default_ksplit_bk = kcommon.LINEAR_KSPLIT, kcommon.KSPLIT_MIN_BK
     default_wl_bwd_bv = kwl.WL_BWD_BV
     default_wl_weights = kwl.WL_WEIGHTS
     default_solve = kpdelta.SOLVE
@@ -212,6 +213,13 @@ if __name__ == "__main__":
     default_inv_keep = kpdelta.INV_KEEP
     default_launch = {(m, a): getattr(m, a) for m, a in ((kpdelta, "SOLVE_BLK_WARPS"), (kpdelta, "SOLVE_BLK_BV"),
                                                           (kpercol, "FWD_SB_WARPS"), (kpercol, "FWD_SB_BV"))}
+    tiles, seen_nkb = kchunk.linear_state_tiles, []
+
+    def seen_tiles(*a):  # the key tiles of every linear state pass (forward and backward), for the ksplit cases
+        out = tiles(*a)
+        seen_nkb.append(out[2])
+        return out
+    kchunk.linear_state_tiles = seen_tiles
     for c in cases:
         # what FALCON_TRITON_3A=delayed / =banded / =scans sets (the fused=True Falcon-3A cases are the banded scan's;
         # Falcon-3's `fused` is not read by this switch); none: the default (delayed since 2026-12-04) or the env's
@@ -233,11 +241,15 @@ if __name__ == "__main__":
         for (m, a), d in default_launch.items():  # ..._2_SOLVE_BLK_{WARPS,BV}, _2A_FWD_SB_{WARPS,BV}
             setattr(m, a, c.get(a.lower(), d))
         kcommon.STATE_BV = c.get("state_bv", default_state_bv)  # what FALCON_TRITON_STATE_BV sets
+        # what FALCON_TRITON_LINEAR_KSPLIT=on sets, with key tiles down to 16 (so that the small cases split)
+        kcommon.LINEAR_KSPLIT = "on" if c.get("ksplit") else default_ksplit
+        kcommon.KSPLIT_MIN_BK = 16 if c.get("ksplit") else default_ksplit_bk
         kchunk.A_DTYPE = c.get("a_dtype", default_a_dtype)  # what FALCON_TRITON_A_DTYPE sets
         kchunk.DQ_SUM = c.get("dq_sum", default_dq_sum)  # what FALCON_TRITON_3_DQ_SUM sets
         kchunk.STATE_DTYPE = c.get("state_dtype", default_state_dtype)  # what FALCON_TRITON_STATE_DTYPE sets
         kwl.WL_BWD_BV = c.get("wl_bwd_bv", default_wl_bwd_bv)  # what FALCON_TRITON_3A_BWD_BV sets
         kwl.WL_WEIGHTS = c.get("wl_weights", default_wl_weights)  # what FALCON_TRITON_3A_WEIGHTS sets
+        seen_nkb.clear()
         t0 = time.perf_counter()
         try:
             if c.get("recompute"):
@@ -259,7 +271,8 @@ if __name__ == "__main__":
                     return _f(*a)
                 ops._FAMILIES["window_delayed"] = (counted_wd, *fam[1:])
                 try:
-                    res = check_varlen(variant=c["variant"], dtype=c["dtype"], K=16, dev="cpu", seed=c["seed"],
+                    res = check_varlen(variant=c["variant"], dtype=c["dtype"], K=c.get("K", 16), dev="cpu",
+                                       seed=c["seed"],
                                        C=c["C"], read=c.get("read", "after"), shift=c.get("shift", True))
                 finally:
                     kt._PREP = prep
@@ -286,6 +299,8 @@ if __name__ == "__main__":
                     res["window_linear_calls"] = n_wl[0]
             else:
                 res = decode_case(c) if c.get("decode") else run_case(c)
+            if c.get("ksplit"):  # every linear state pass split its keys (0 when each did, forward and backward)
+                res["ksplit_off"] = float(not seen_nkb or min(seen_nkb) < 2)
             print(json.dumps({"id": c["id"], "res": res, "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
         except Exception as e:  # report, the test fails on it
             print(json.dumps({"id": c["id"], "error": f"{type(e).__name__}: {e}"}), flush=True)

@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 
 from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _state_init,  # noqa: F401
-                     _state_put, _state_tile, _varlen_chunk, _varlen_seq, cdiv, launch, state_bv,
-                     state_opts, varlen_args)
+                     _state_put, _state_tile, _state_tile_k, _varlen_chunk, _varlen_seq, cdiv, launch,
+                     linear_state_tiles, state_bv, state_opts, varlen_args)
 from .host import env_choice
 from .pair_sum import pair_sum
 
@@ -307,13 +307,18 @@ def _fwd_state(X, VV, ETA, G, WT, VT, S0, HS, R, ST, T, XT, XOFF, NT, H: tl.cons
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                DELTA: tl.constexpr, HAS_S0: tl.constexpr, STORE_ST: tl.constexpr,
                PREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF,
-               VARLEN: tl.constexpr):
+               VARLEN: tl.constexpr, NKB: tl.constexpr = 1):
+    """NKB > 1 (linear only; common.linear_state_tiles): program 0-axis index p runs key tile p % NKB of value block
+    p // NKB."""
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
+    if NKB > 1:
+        ck, kmask, cv, vmask, smask, soff = _state_tile_k(vb, K, V, BK, BV, NKB)
+    else:
+        ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
     S = _state_init(S0, bh64, soff, smask, HAS_S0, K, V, BK, BV)
     if VARLEN:  # packed sequences: (b, h) = (sequence, head); its chunks sit at slots coff.. of head h's NT slots
@@ -463,17 +468,73 @@ def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: 
 
 
 @triton.jit
+def _bwd_dul_state(Q, X, G, DO, DU, DHS, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
+                   CU, CIDX, COFF, VARLEN: tl.constexpr):
+    """_bwd_dul for the linear key-split passes (LINEAR_KSPLIT, ours; window 1, no Falcon-3 groups), after _bwd_state:
+    DU = Pᵀ dO (the intra-chunk part) + e^{u_C - u} ⊙ (x · dH) (the state part, dH = DHS[n], the gradient at the
+    chunk's end), the sum over every key that the key-split pass cannot form. Grid (value tiles, chunks, B·H)."""
+    vb = tl.program_id(0)
+    n = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    if VARLEN:
+        s_, n, bos, T, coff = _varlen_chunk(CU, CIDX, COFF, n)
+        xb = bos + s_ * XT  # the pair stream: each sequence's XT carried rows (W - 1), then its pairs
+        Q += bos * H * K
+        X += xb * H * K
+        G += bos * H
+        DO += bos * H * V
+        DU += bos * H * V
+        DHS += coff * K * V
+    i = tl.arange(0, C)
+    rows, rmask, tok, xtok, stok, gmask = _rows_w(b, h, n, i, T, XT, XOFF, H, C, 1, False)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    km = rmask[:, None] & kmask[None, :]
+    vm = rmask[:, None] & vmask[None, :]
+    q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
+    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+    dt = q.dtype
+    g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
+    u = tl.cumsum(g, 0)
+    uC = tl.sum(g, 0)
+    if READ_AFTER:
+        ur = u
+        causal = i[:, None] >= i[None, :]
+    else:
+        ur = u - g
+        causal = i[:, None] > i[None, :]
+    xq = tl.dot(x, tl.trans(q), input_precision=PREC)  # Pᵀ built directly, as in _bwd_dul
+    PT = tl.where(tl.trans(causal), xq * tl.exp(tl.minimum(ur[None, :] - u[:, None], 0.)), 0.)
+    do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
+    dH = tl.load(DHS + (bh.to(tl.int64) * NT + n) * K * V + ck[:, None] * V + cv[None, :],
+                 mask=kmask[:, None] & vmask[None, :], other=0.)
+    du = (tl.dot(PT.to(dt), do, input_precision=PREC)
+          + tl.dot(x, dH.to(dt), input_precision=PREC) * tl.exp(tl.minimum(uC - u, 0.))[:, None])
+    tl.store(DU + tok[:, None] * V + cv[None, :], du, mask=vm)
+
+
+@triton.jit
 def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                DELTA: tl.constexpr, READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr,
                STORE_DS0: tl.constexpr, PREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX,
-               COFF, VARLEN: tl.constexpr):
+               COFF, VARLEN: tl.constexpr, NKB: tl.constexpr = 1):
+    """NKB > 1 (linear only; common.linear_state_tiles): key tile p % NKB of value block p // NKB, and DU is neither
+    read nor written (its state part, a sum over every key, is _bwd_dul_state's, after this pass)."""
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
+    if NKB > 1:
+        ck, kmask, cv, vmask, smask, soff = _state_tile_k(vb, K, V, BK, BV, NKB)
+    else:
+        ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
     dH = _state_init(DST, bh64, soff, smask, HAS_DST, K, V, BK, BV)
     if VARLEN:
@@ -514,9 +575,10 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
                          other=0.).to(tl.float32)
         else:
             do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
-        du = tl.load(DU + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
-        du += tl.dot(x, dH.to(dt), input_precision=PREC) * tl.exp(tl.minimum(uC - u, 0.))[:, None]
-        tl.store(DU + tok[:, None] * V + cv[None, :], du, mask=vm)
+        if NKB == 1:
+            du = tl.load(DU + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
+            du += tl.dot(x, dH.to(dt), input_precision=PREC) * tl.exp(tl.minimum(uC - u, 0.))[:, None]
+            tl.store(DU + tok[:, None] * V + cv[None, :], du, mask=vm)
         dHn = dH * tl.exp(uC) + tl.dot(tl.trans(q), (do * tl.exp(ur)[:, None]).to(dt), input_precision=PREC)
         if DELTA:
             wt = tl.load(WT + tok[:, None] * K + ck[None, :], mask=km, other=0.)
@@ -826,6 +888,15 @@ def _bwd_gate(G, VEC, PART, DG, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, C
 # ------------------------------------------------------------------------------------------------
 # launchers and the autograd function
 # ------------------------------------------------------------------------------------------------
+def _state_tiles(BK, BVs, K, V, n_seq_heads, dtype, delta, group):
+    """(key tile, value tile, key tiles NKB) of the two sequential state passes: the linear passes (no delta, one row
+    per step) through common.linear_state_tiles (key-split under LINEAR_KSPLIT=on), the delta rule's whole key width
+    with state_bv's value tile."""
+    if delta or group != 1:
+        return BK, state_bv(BVs, V, n_seq_heads, dtype), 1
+    return linear_state_tiles(BK, BVs, K, V, n_seq_heads, dtype)
+
+
 def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf32=False,
                   out_dtype=None, group=1, gather=False, cu_seqlens=None):
     """gather (Falcon-3, group = W > 1, ours): q, eta, g are the T steps and x, v the T + W - 1 pairs (no pseudo-token
@@ -838,7 +909,7 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
     B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
                                                                   Ts * group if gather else 0)
     va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group if gather else 1, xoff)
-    BVs = state_bv(BVs, V, NS * H, q.dtype)
+    BKs, BVs, NKB = _state_tiles(BK, BVs, K, V, NS * H, q.dtype, delta, group)
     XT = x.shape[1] if cu_seqlens is None else (x.shape[1] - T) // NS  # packed: each sequence's carried pair rows
     f32 = torch.float32
     if delta:
@@ -853,9 +924,9 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         A = WT = VT = R = eta  # never read (constexpr-disabled branches)
     HS = torch.empty(B, H, NT, K, V, dtype=state_dtype(q.dtype), device=dev)
     ST = _empty((NS, H, K, V), f32, dev)
-    _fwd_state[(cdiv(V, BVs), NS * H)](
+    _fwd_state[(cdiv(V, BVs) * NKB, NS * H)](
         x, v, eta, g, WT, VT, S0 if S0 is not None else eta, HS, R, ST, T, XT, xoff, NT, H, K, V, C,
-        BK, BVs, delta, S0 is not None, True, prec, group, gather, *va, **state_opts(st))
+        BKs, BVs, delta, S0 is not None, True, prec, group, gather, *va, NKB, **state_opts(st))
     O = _empty((B, Ts, H, V), out_dtype or q.dtype, dev)
     _fwd_out[(cdiv(V, BVo), NT, B * H)](
         q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, group, gather,
@@ -872,18 +943,24 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
                                                                      Ts * group if gather else 0)
     va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group if gather else 1, xoff)
-    BVs = state_bv(BVs, V, NS * H, q.dtype)
+    BKs, BVs, NKB = _state_tiles(BK, BVs, K, V, NS * H, q.dtype, delta, group)
     XT = x.shape[1] if cu_seqlens is None else (x.shape[1] - T) // NS  # packed: each sequence's carried pair rows
     f32 = torch.float32
-    DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
-    _bwd_dul[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,
-                                                read_after, prec, group, gather, *va, **st)
+    DU = None
+    if NKB == 1:  # DU's intra part first, its state part added by _bwd_state
+        DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        _bwd_dul[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,
+                                            read_after, prec, group, gather, *va, **st)
     DHS = torch.empty(B, H, NT, K, V, dtype=state_dtype(q.dtype), device=dev)
     DS0 = _empty((NS, H, K, V), f32, dev) if need_ds0 else None
-    _bwd_state[(cdiv(V, BVs), NS * H)](
-        q, x, eta, g, WT, dO, DU, dST if dST is not None else eta, DHS,
-        DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BK, BVs, delta, read_after,
-        dST is not None, need_ds0, prec, group, gather, *va, **state_opts(st))
+    _bwd_state[(cdiv(V, BVs) * NKB, NS * H)](
+        q, x, eta, g, WT, dO, DU if DU is not None else eta, dST if dST is not None else eta, DHS,
+        DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BKs, BVs, delta, read_after,
+        dST is not None, need_ds0, prec, group, gather, *va, NKB, **state_opts(st))
+    if NKB > 1:  # the key-split linear pass (LINEAR_KSPLIT): all of DU after it, from DHS
+        DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        _bwd_dul_state[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, DHS, T, XT, xoff, NT, H, K, V, C, BK, BVo,
+                                                  read_after, prec, *va, **st)
     # The gradients and scratch are allocated just before the kernel that writes them first, and each fp32 buffer is
     # dropped after its last reader is queued (ours): the caching allocator hands DU's bytes to dq and dx, MM's and
     # DHS's to the gather path's sums (stream order makes the reuse safe). The peak is lower by about DU's size, and

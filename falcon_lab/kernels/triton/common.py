@@ -81,6 +81,30 @@ def state_bv(bv: int, V: int, n_seq_heads: int, dtype: torch.dtype) -> int:
     return bv
 
 
+# The linear (no delta) state passes over key tiles too (ours, written 2026-12-04, twenty-first session): "on" splits
+# chunk.py's _fwd_state / _bwd_state for Falcon-1A (and the Falcon-1A scans of Falcon-3A's delayed form and of its W
+# scans) into NKB key tiles of BK >= KSPLIT_MIN_BK columns while a pass would have fewer than STATE_PROGRAMS programs,
+# then halves the value tile as "auto" does (with NKB x the programs); "off" (the default until proven on the H200)
+# keeps the whole key width in one tile. The linear update S = γ S + xᵀ (η v) (and its adjoint dH = γ dH + qᵀ (dO e^u))
+# never mixes key rows, so a key tile is a sequential pass of its own. Its one cross-row term, the state part of DU
+# (x · dH, a sum over all keys), moves out of the sequential loop into _bwd_dul_state, a per-chunk kernel that reads
+# DHS after the pass. Why: at (1, 32768, 6, 128) Falcon-1A's two state passes were 1.66 of its 2.4 ms on the H200
+# (80e1747 profile; 24-48 programs on 132 SMs, each 512 chunks long). Falcon-1's delta rule needs all keys per step.
+LINEAR_KSPLIT = env_choice("FALCON_TRITON_LINEAR_KSPLIT", "off", ("off", "on"),
+                           "Falcon-1A / 3A: the linear state passes also split over key tiles (unproven)")
+KSPLIT_MIN_BK = 32  # the smallest key tile "on" makes (tests lower it to 16 to split K = 32)
+
+
+def linear_state_tiles(bk: int, bv: int, K: int, V: int, n_seq_heads: int, dtype: torch.dtype) -> tuple:
+    """(BK, BV, NKB) of a linear (no delta) state pass: bk, bv from _cfg; NKB key tiles (LINEAR_KSPLIT), then the
+    value tile of state_bv with NKB x the programs. NKB = 1 is the whole key width (the kernels' proven form)."""
+    if LINEAR_KSPLIT == "on":
+        while bk // 2 >= KSPLIT_MIN_BK and cdiv(V, bv) * cdiv(K, bk) * n_seq_heads < STATE_PROGRAMS:
+            bk //= 2
+    nkb = cdiv(K, bk)
+    return bk, state_bv(bv, V, n_seq_heads * nkb, dtype), nkb
+
+
 # The sequential state passes' launch (ours, opt-in, for measurement; chunk.py's _fwd_state and _bwd_state):
 # FALCON_TRITON_STATE_STAGES, the software-pipeline depth: "" (the default) leaves Triton's (3 stages for 16-bit
 # inputs; fp32 keeps 1, _stages), 1-4 sets num_stages for 16-bit inputs; FALCON_TRITON_STATE_WARPS: "" (the default,
@@ -250,6 +274,19 @@ def _state_tile(vb, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.c
     ck = tl.arange(0, BK)
     kmask = ck < K
     cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    smask = kmask[:, None] & vmask[None, :]
+    soff = ck[:, None] * V + cv[None, :]
+    return ck, kmask, cv, vmask, smask, soff
+
+
+@triton.jit
+def _state_tile_k(p, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKB: tl.constexpr):
+    """_state_tile for a pass split over NKB key tiles (linear_state_tiles): program p is key tile p % NKB of value
+    block p // NKB."""
+    ck = (p % NKB) * BK + tl.arange(0, BK)
+    kmask = ck < K
+    cv = (p // NKB) * BV + tl.arange(0, BV)
     vmask = cv < V
     smask = kmask[:, None] & vmask[None, :]
     soff = ck[:, None] * V + cv[None, :]
