@@ -99,8 +99,19 @@ KS = [("F1A-after-K32", dict(delta=False, K=32)),
       ("F1A-strong-decay-K32", dict(delta=False, C=64, T=64, B=1, H=1, K=32, strong=True)),
       ("F1A-fp16-K32", dict(delta=False, K=32, dtype="float16")),
       ("F3A-delayed-W4-K32", dict(delta=False, W=4, K=32, fused=True, delayed=True)),
-      ("F3A-scans-W3-before-K48", dict(delta=False, W=3, K=48, after=False, C=32, T=45, fused=False))]
+      ("F3A-scans-W3-before-K48", dict(delta=False, W=3, K=48, after=False, C=32, T=45, fused=False)),
+      # Falcon-2A's state passes (percol.py: _pc_bwd_cols stores DU fresh, _pc_bwd_main adds its state part): both
+      # read orders, several value blocks with a masked rest, strong decay with no S0 / dS_T, fp16, the broadcast
+      # diagonal blocks; and a Falcon-2 case (its own state passes never split; the shared kernels as before)
+      ("F2A-after-K32", dict(delta=False, per_col=True, K=32)),
+      ("F2A-before-C32-K48-V80", dict(delta=False, per_col=True, after=False, C=32, T=45, B=1, K=48, V=80)),
+      ("F2A-C64-strong-decay-no-S0-no-dST-K32", dict(delta=False, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
+                                                     strong=True, s0=False, no_dst=True)),
+      ("F2A-fp16-C64-K32", dict(delta=False, per_col=True, C=64, T=70, B=1, K=32, dtype="float16")),
+      ("F2A-broadcast-K32", dict(delta=False, per_col=True, K=32, diag="broadcast"))]
 CASES += [_c(f"ksplit-{n}", seed=190 + i, ksplit=True, **kw) for i, (n, kw) in enumerate(KS)]
+CASES.append(_c("ksplit-F2-C32-K32-unsplit", delta=True, per_col=True, C=32, T=45, B=1, K=32, seed=205, ksplit=True,
+                ksplit_none=True))
 # Falcon-3 on its host expansion (fused_window=False: FALCON_TRITON_3=expand, and every packed call)
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9, fused=False))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10,
@@ -336,7 +347,9 @@ VARLEN += [dict(id=f"varlen-native-F{v}-ksplit-K32-{dt}-C{C}-{rd}", varlen=True,
                 shift=(rd == "after"), seed=95 + i, ksplit=True, K=32, **kw)
            for i, (v, dt, C, rd, kw) in enumerate([("1A", "float32", 16, "after", {}),
                                                     ("1A", "float16", 32, "before", {}),
-                                                    ("3A", "float32", 16, "after", dict(packed3a="delayed"))])]
+                                                    ("3A", "float32", 16, "after", dict(packed3a="delayed")),
+                                                    ("2A", "float32", 16, "after", {}),
+                                                    ("2A", "float16", 32, "before", {})])]
 # fused prep kernels' packed branch
 VARLEN += [dict(id=f"varlen-native-F{v}-torch-prep", varlen=True, variant=v, dtype="float32", C=16, prep="torch",
                 seed=70 + i) for i, v in enumerate(("1", "2A"))]

@@ -219,7 +219,7 @@ if __name__ == "__main__":
         out = tiles(*a)
         seen_nkb.append(out[2])
         return out
-    kchunk.linear_state_tiles = seen_tiles
+    kchunk.linear_state_tiles = kpercol.linear_state_tiles = seen_tiles
     for c in cases:
         # what FALCON_TRITON_3A=delayed / =banded / =scans sets (the fused=True Falcon-3A cases are the banded scan's;
         # Falcon-3's `fused` is not read by this switch); none: the default (delayed since 2026-12-04) or the env's
@@ -299,7 +299,9 @@ if __name__ == "__main__":
                     res["window_linear_calls"] = n_wl[0]
             else:
                 res = decode_case(c) if c.get("decode") else run_case(c)
-            if c.get("ksplit"):  # every linear state pass split its keys (0 when each did, forward and backward)
+            if c.get("ksplit_none"):  # a delta rule's state passes: none split (0 when none did)
+                res["ksplit_on"] = float(any(n > 1 for n in seen_nkb))
+            elif c.get("ksplit"):  # every linear state pass split its keys (0 when each did, forward and backward)
                 res["ksplit_off"] = float(not seen_nkb or min(seen_nkb) < 2)
             print(json.dumps({"id": c["id"], "res": res, "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
         except Exception as e:  # report, the test fails on it

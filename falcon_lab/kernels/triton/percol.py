@@ -35,8 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (_chunk_rows, _empty, _np2, _state_init, _state_put, _state_tile, _varlen_chunk, _varlen_seq,
-                     cdiv, launch, varlen_args)
+from . import common
+from .common import (_chunk_rows, _empty, _np2, _state_init, _state_put, _state_tile, _state_tile_k, _varlen_chunk,
+                     _varlen_seq, cdiv, launch, linear_state_tiles, varlen_args)
 from .host import env_choice
 
 SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per program)
@@ -120,13 +121,17 @@ def diag_args(dtype: torch.dtype, prec: str) -> tuple:
 @triton.jit
 def _pc_fwd_state(X, VV, ETA, G, S0, HS, ST, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_S0: tl.constexpr,
-                  PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+                  PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr, NKB: tl.constexpr = 1):
+    """NKB > 1 (common.linear_state_tiles, LINEAR_KSPLIT): key tile p % NKB of value block p // NKB."""
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
+    if NKB > 1:
+        ck, kmask, cv, vmask, smask, soff = _state_tile_k(vb, K, V, BK, BV, NKB)
+    else:
+        ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
     S = _state_init(S0, bh64, soff, smask, HAS_S0, K, V, BK, BV)
     if VARLEN:  # packed sequences (common.varlen): (b, h) = (sequence, head), pointers moved to its first token
@@ -415,13 +420,18 @@ def _pc_fwd_intra_sb(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexp
 def _pc_bwd_state(Q, X, G, DO, DST, DHS, DU, DS0, T, NT, H: tl.constexpr, K: tl.constexpr,
                   V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr,
-                  PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+                  PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr, NKB: tl.constexpr = 1):
+    """NKB > 1 (LINEAR_KSPLIT): key tile p % NKB of value block p // NKB, and no DU (its state part, a sum over every
+    key, is _pc_bwd_main's: STATE_DU)."""
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     i = tl.arange(0, C)
-    ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
+    if NKB > 1:
+        ck, kmask, cv, vmask, smask, soff = _state_tile_k(vb, K, V, BK, BV, NKB)
+    else:
+        ck, kmask, cv, vmask, smask, soff = _state_tile(vb, K, V, BK, BV)
     bh64 = bh.to(tl.int64)
     dH = _state_init(DST, bh64, soff, smask, HAS_DST, K, V, BK, BV)
     if VARLEN:
@@ -454,8 +464,9 @@ def _pc_bwd_state(Q, X, G, DO, DST, DHS, DU, DS0, T, NT, H: tl.constexpr, K: tl.
         else:
             ur = u - g
         do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
-        du = tl.dot(x, dH.to(dt), input_precision=PREC) * tl.exp(tl.minimum(uC[None, :] - u, 0.))
-        tl.store(DU + tok[:, None] * V + cv[None, :], du, mask=vm)
+        if NKB == 1:
+            du = tl.dot(x, dH.to(dt), input_precision=PREC) * tl.exp(tl.minimum(uC[None, :] - u, 0.))
+            tl.store(DU + tok[:, None] * V + cv[None, :], du, mask=vm)
         dH = dH * tl.exp(uC)[None, :] + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(dt), input_precision=PREC)
     if STORE_DS0:
         tl.store(DS0 + bh64 * K * V + soff, dH, mask=smask)
@@ -559,11 +570,11 @@ def _pc_bwd_rows(Q, X, VV, ETA, G, DO, DGR, MM, T, H: tl.constexpr, K: tl.conste
 def _pc_bwd_cols(Q, X, VV, ETA, G, DO, DU, DGU, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
                  CU, CIDX, COFF, VARLEN: tl.constexpr, DSPAN: tl.constexpr, D32: tl.constexpr,
-                 DPREC: tl.constexpr):
+                 DPREC: tl.constexpr, DU_FRESH: tl.constexpr = False):
     """Blocked backward, by source rows (ours, the default): for the 16 rows s of block b of a chunk and one value tile,
     du_sc = Σ_i P[i, s] e^{ur_ic - u_sc} dO_ic (added to DU, which holds the state part) and DGU[s, c] = -U_sc du_sc;
     the later blocks a > b as tensor-core dots with e^{ur_i - ρ_a} e^{ρ_a - u_s}. Program (value tile, chunk·NB + b,
-    b·H + h)."""
+    b·H + h). DU_FRESH (the key-split state pass, LINEAR_KSPLIT): DU holds nothing yet; du is stored as it is."""
     NB: tl.constexpr = C // 16
     vb = tl.program_id(0)
     pid = tl.program_id(1)
@@ -623,7 +634,10 @@ def _pc_bwd_cols(Q, X, VV, ETA, G, DO, DU, DGU, T, H: tl.constexpr, K: tl.conste
         PT = tl.dot(xb, tl.trans(qa), input_precision=PREC)  # P[i in a, s in b]ᵀ, built as such (fla #640)
         du += tl.exp(tl.minimum(rho[None, :] - ub, 0.)) * tl.dot(PT.to(dt), alpha_do, input_precision=PREC)
     Ub = tl.load(VV + offb, mask=vbm, other=0.).to(tl.float32) * tl.load(ETA + offb, mask=vbm, other=0.)
-    tl.store(DU + offb, tl.load(DU + offb, mask=vbm, other=0.) + du, mask=vbm)
+    if DU_FRESH:
+        tl.store(DU + offb, du, mask=vbm)
+    else:
+        tl.store(DU + offb, tl.load(DU + offb, mask=vbm, other=0.) + du, mask=vbm)
     tl.store(DGU + offb, -Ub * du, mask=vbm)
 
 
@@ -631,7 +645,9 @@ def _pc_bwd_cols(Q, X, VV, ETA, G, DO, DU, DGU, T, H: tl.constexpr, K: tl.conste
 def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, DG, T, NT,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                  BV: tl.constexpr, SB: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF,
-                 VARLEN: tl.constexpr, MM, BLOCKED: tl.constexpr, NMP: tl.constexpr):
+                 VARLEN: tl.constexpr, MM, BLOCKED: tl.constexpr, NMP: tl.constexpr, STATE_DU: tl.constexpr = False):
+    """STATE_DU (the key-split state pass, LINEAR_KSPLIT; blocked only): DU holds the intra-chunk part only, and the
+    state part e^{u_C - u} ⊙ (x · dH), which the value loop forms anyway for the gate term Y, is added here."""
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -726,7 +742,12 @@ def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, 
         U = v * eta
         qS = tl.dot(q, S.to(dt), input_precision=PREC)
         d_ur = tl.load(DGR + off, mask=vm, other=0.) + tl.exp(ur) * do * qS
-        Y = eC * tl.dot(x, dH.to(dt), input_precision=PREC) * U
+        if STATE_DU:
+            xdh = tl.dot(x, dH.to(dt), input_precision=PREC) * eC
+            dU += xdh
+            Y = xdh * U
+        else:
+            Y = eC * tl.dot(x, dH.to(dt), input_precision=PREC) * U
         d_uC = tl.exp(uC) * tl.sum(dH * S, 0) + tl.sum(Y, 0)
         d_u = tl.load(DGU + off, mask=vm, other=0.) - Y + d_ur
         d_u += tl.where(i[:, None] == C - 1, d_uC[None, :], 0.)
@@ -765,10 +786,12 @@ def fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, v
 
 
 def bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K, V, C, BK, BVm,
-                   read_after, prec, va, st):
+                   read_after, prec, va, st, state_du=False):
     """The per-chunk backward after the reverse state pass (DU holds the state part of dU): by default (blocked; ours)
     _pc_bwd_rows (M, DGR) and _pc_bwd_cols (DU's intra part, DGU) first, then _pc_bwd_main without its broadcast
-    pass; with FALCON_TRITON_2A=exact, _pc_bwd_main alone. Falcon-2 calls it with R for v."""
+    pass; with FALCON_TRITON_2A=exact, _pc_bwd_main alone. Falcon-2 calls it with R for v. state_du (the key-split
+    state pass, blocked only): DU starts empty, _pc_bwd_cols stores its intra part and _pc_bwd_main adds the state
+    part from DHS."""
     B = q.shape[0]
     blocked = INTRA == "blocked"
     MM = q
@@ -784,9 +807,21 @@ def bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta,
         _pc_bwd_rows[(NT * NB, B * H, NMP)](q, x, v, eta, g, dO, DGR, MM, T, H, K, V, C, BK, BVr, read_after, prec,
                                            *va, NMP, *dg_args, num_warps=4 if NMP > 1 else 8, **st)
         _pc_bwd_cols[(cdiv(V, BVi), NT * NB, B * H)](q, x, v, eta, g, dO, DU, DGU, T, H, K, V, C, BK, BVi, read_after,
-                                                    prec, *va, *dg_args, num_warps=4, **st)
+                                                    prec, *va, *dg_args, state_du, num_warps=4, **st)
+    elif state_du:
+        raise ValueError("the key-split state pass (FALCON_TRITON_LINEAR_KSPLIT=on) needs the blocked intra-chunk term")
     _pc_bwd_main[(NT, B * H)](q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K,
-                              V, C, BK, BVm, SB, read_after, prec, *va, MM, blocked, NMP, num_warps=8, **st)
+                              V, C, BK, BVm, SB, read_after, prec, *va, MM, blocked, NMP, state_du, num_warps=8,
+                              **st)
+
+
+def _state_tiles(BK: int, BVs: int, K: int, V: int, n_seq_heads: int, dtype) -> tuple:
+    """(key tile, value tile, key tiles NKB) of the two state passes: the proven launch (all of K, _cfg's value tile)
+    unless LINEAR_KSPLIT=on with the blocked intra-chunk term (whose _pc_bwd_cols / _pc_bwd_main then form DU without
+    the pass: DU_FRESH, STATE_DU), where common.linear_state_tiles decides."""
+    if common.LINEAR_KSPLIT != "on" or INTRA != "blocked":
+        return BK, BVs, 1
+    return linear_state_tiles(BK, BVs, K, V, n_seq_heads, dtype)
 
 
 def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_seqlens=None):
@@ -797,8 +832,9 @@ def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_seqlens
     f32 = torch.float32
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     ST = _empty((NS, H, K, V), f32, dev)
-    _pc_fwd_state[(cdiv(V, BVs), NS * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, ST, T, NT,
-                                          H, K, V, C, BK, BVs, S0 is not None, prec, *va, **st)
+    BKs, BVs, NKB = _state_tiles(BK, BVs, K, V, NS * H, q.dtype)
+    _pc_fwd_state[(cdiv(V, BVs) * NKB, NS * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, ST, T, NT,
+                                                H, K, V, C, BKs, BVs, S0 is not None, prec, *va, NKB, **st)
     OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
     _pc_fwd_inter[(cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
                                              prec, *va, **st)
@@ -820,9 +856,10 @@ def percol_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf3
     DHS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     DS0 = _empty((NS, H, K, V), f32, dev) if need_ds0 else None
-    _pc_bwd_state[(cdiv(V, BVs), NS * H)](
+    BKs, BVs, NKB = _state_tiles(BK, BVs, K, V, NS * H, q.dtype)
+    _pc_bwd_state[(cdiv(V, BVs) * NKB, NS * H)](
         q, x, g, dO, dST if dST is not None else eta, DHS, DU, DS0 if DS0 is not None else eta, T, NT, H, K,
-        V, C, BK, BVs, read_after, dST is not None, need_ds0, prec, *va, **st)
+        V, C, BKs, BVs, read_after, dST is not None, need_ds0, prec, *va, NKB, **st)
     DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)
     DGU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     dq = _empty(q.shape, q.dtype, dev)
@@ -831,5 +868,5 @@ def percol_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf3
     deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
     bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K, V, C, BK, BVm,
-                   read_after, prec, va, st)
+                   read_after, prec, va, st, state_du=NKB > 1)
     return dq, dx, dv, deta, dg, DS0
