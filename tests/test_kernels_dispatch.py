@@ -194,12 +194,19 @@ def test_state_pass_value_tile_switch(monkeypatch):
 
 
 def test_linear_state_pass_key_tiles(monkeypatch):
-    """FALCON_TRITON_LINEAR_KSPLIT: "off" keeps the whole key width (NKB = 1) with state_bv's value tile; "on" halves the
-    key tile (not below KSPLIT_MIN_BK) while the pass would have fewer than STATE_PROGRAMS programs, then the value tile
-    with NKB x the programs; chunk.py's delta rule (and Falcon-3's groups) never split."""
-    from falcon_lab.kernels.triton import chunk, common
+    """FALCON_TRITON_LINEAR_KSPLIT: "off" keeps the whole key width (NKB = 1) with state_bv's value tile; "scalar" (the
+    default, chunk.py's linear passes) and "on" (percol's too) halve the key tile (not below KSPLIT_MIN_BK) while the
+    pass would have fewer than STATE_PROGRAMS programs, then the value tile with NKB x the programs; chunk.py's delta
+    rule (and Falcon-3's groups) never split."""
+    from falcon_lab.kernels.triton import chunk, common, percol
 
+    if "FALCON_TRITON_LINEAR_KSPLIT" not in os.environ:
+        assert common.LINEAR_KSPLIT == "scalar"
     monkeypatch.setattr(common, "STATE_BV", "auto")
+    monkeypatch.setattr(percol, "INTRA", "blocked")
+    monkeypatch.setattr(common, "LINEAR_KSPLIT", "scalar")
+    assert common.linear_state_tiles(128, 32, 128, 128, 6, torch.bfloat16) == (32, 16, 4)
+    assert percol._state_tiles(128, 32, 128, 128, 6, torch.bfloat16) == (128, 32, 1)  # Falcon-2A's: only under "on"
     monkeypatch.setattr(common, "LINEAR_KSPLIT", "off")
     assert common.linear_state_tiles(128, 32, 128, 128, 6, torch.bfloat16) == (128, 16, 1)
     monkeypatch.setattr(common, "LINEAR_KSPLIT", "on")
@@ -215,6 +222,9 @@ def test_linear_state_pass_key_tiles(monkeypatch):
     assert chunk._state_tiles(128, 32, 128, 128, 6, torch.bfloat16, True, 1) == (128, 16, 1)  # the delta rule
     assert chunk._state_tiles(128, 32, 128, 128, 6, torch.bfloat16, False, 4)[2] == 1  # Falcon-3's groups
     assert chunk._state_tiles(128, 32, 128, 128, 6, torch.bfloat16, False, 1) == (32, 16, 4)
+    assert percol._state_tiles(128, 32, 128, 128, 6, torch.bfloat16) == (32, 16, 4)
+    monkeypatch.setattr(percol, "INTRA", "exact")  # the broadcast backward adds DU's parts itself: never split
+    assert percol._state_tiles(128, 32, 128, 128, 6, torch.bfloat16) == (128, 32, 1)
 
 
 def test_state_pass_launch_switches(monkeypatch):

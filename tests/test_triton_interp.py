@@ -89,7 +89,8 @@ WD = [("W4-after-C16", dict(W=4)),
       ("W2-before-fp16", dict(W=2, after=False, dtype="float16"))]
 CASES += [_c(f"F3A-delayed-{n}", delta=False, seed=160 + i, fused=True, delayed=True, **kw)
           for i, (n, kw) in enumerate(WD)]
-# The linear state passes split over key tiles (ksplit: FALCON_TRITON_LINEAR_KSPLIT=on, ours, with the smallest key tile
+# The linear state passes split over key tiles (ksplit: FALCON_TRITON_LINEAR_KSPLIT=on, ours; "scalar", chunk.py's only,
+# the default since 2026-12-04, twenty-first session; here with the smallest key tile
 # lowered to 16 so that K = 32 / 48 split in two / three and K = 80 in five with a masked rest): Falcon-1A both read
 # orders, several value blocks, no S0 / no dS_T, strong decay, fp16; Falcon-3A's delayed form (its Falcon-1A scan
 # with xoff = 0) and its W scans (xoff > 0)
@@ -582,8 +583,8 @@ SWITCHES = [
      "FALCON_TRITON_3A_CHUNK must be '64' or '32', got '16'"),
     (KT + "chunk", "STATE_DTYPE", "FALCON_TRITON_STATE_DTYPE", "input", "bf16",
      "FALCON_TRITON_STATE_DTYPE must be 'fp32' or 'input', got 'bf16'"),
-    (KT + "common", "LINEAR_KSPLIT", "FALCON_TRITON_LINEAR_KSPLIT", "off", "yes",
-     "FALCON_TRITON_LINEAR_KSPLIT must be 'off' or 'on', got 'yes'"),
+    (KT + "common", "LINEAR_KSPLIT", "FALCON_TRITON_LINEAR_KSPLIT", "scalar", "yes",
+     "FALCON_TRITON_LINEAR_KSPLIT must be 'off', 'scalar' or 'on', got 'yes'"),
     # the on/off switches take 0 or 1 only (any other value used to mean "off", silently)
     (KT + "common", "POISON", "FALCON_TRITON_POISON", None, "true",
      "FALCON_TRITON_POISON must be '0' or '1', got 'true'"),

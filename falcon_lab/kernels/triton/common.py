@@ -81,24 +81,32 @@ def state_bv(bv: int, V: int, n_seq_heads: int, dtype: torch.dtype) -> int:
     return bv
 
 
-# The linear (no delta) state passes over key tiles too (ours, written 2026-12-04, twenty-first session): "on" splits
-# chunk.py's _fwd_state / _bwd_state for Falcon-1A (and the Falcon-1A scans of Falcon-3A's delayed form and of its W
-# scans) into NKB key tiles of BK >= KSPLIT_MIN_BK columns while a pass would have fewer than STATE_PROGRAMS programs,
-# then halves the value tile as "auto" does (with NKB x the programs); "off" (the default until proven on the H200)
-# keeps the whole key width in one tile. The linear update S = γ S + xᵀ (η v) (and its adjoint dH = γ dH + qᵀ (dO e^u))
-# never mixes key rows, so a key tile is a sequential pass of its own. Its one cross-row term, the state part of DU
-# (x · dH, a sum over all keys), moves out of the sequential loop into _bwd_dul_state, a per-chunk kernel that reads
-# DHS after the pass. Why: at (1, 32768, 6, 128) Falcon-1A's two state passes were 1.66 of its 2.4 ms on the H200
-# (80e1747 profile; 24-48 programs on 132 SMs, each 512 chunks long). Falcon-1's delta rule needs all keys per step.
-LINEAR_KSPLIT = env_choice("FALCON_TRITON_LINEAR_KSPLIT", "off", ("off", "on"),
-                           "Falcon-1A / 3A: the linear state passes also split over key tiles (unproven)")
+# The linear (no delta) state passes over key tiles too (ours, written 2026-12-04, twenty-first session): "scalar" (the
+# default since that session) splits chunk.py's _fwd_state / _bwd_state for Falcon-1A (and the Falcon-1A scans of
+# Falcon-3A's delayed form and of its W scans) into NKB key tiles of BK >= KSPLIT_MIN_BK columns while a pass would
+# have fewer than STATE_PROGRAMS programs, then halves the value tile as "auto" does (with NKB x the programs); "on"
+# does the same for Falcon-2A's per-column passes (percol.py); "off" keeps the whole key width in one tile (the proven
+# form before). The linear update S = γ S + xᵀ (η v) (and its adjoint dH = γ dH + qᵀ (dO e^u)) never mixes key rows,
+# so a key tile is a sequential pass of its own. Its one cross-row term, the state part of DU (x · dH, a sum over all
+# keys), moves out of the sequential loop: into _bwd_dul_state (chunk.py), a per-chunk kernel that reads DHS after the
+# pass, and into percol's _pc_bwd_main, which forms x · dH anyway. Falcon-1's delta rule needs all keys per step.
+# Why: at (1, 32768, 6, 128) Falcon-1A's two state passes were 1.66 of its 2.4 ms on the H200 (80e1747 profile; 24-48
+# programs on 132 SMs, each 512 chunks long). On the H200 (torch 2.11, Triton 3.6, 93a6914; benchmarks/results/
+# h200_logs/kernels_2026-12-04e/call2/) with "on": all 29 rows of `bench check` for each of 1A, 3A and 2A pass
+# (NaN-poisoned, bf16 + fp32, K = 16/64/128, every chunk size, the public op with ragged cu_seqlens, the varlen-native
+# rows, CUDA-graph decode); in one process (switch_ab.py, 2 rounds, GPU time, against "off") Falcon-1A 0.969 / 0.874 /
+# 0.971 / 0.999x and Falcon-3A 0.978 / 0.896 / 0.983 / 1.001x at 16x2048x12x64, 1x32768x6x128, 4x8192x12x64,
+# 16x2048x6x128, but Falcon-2A 1.029 / 0.996 / 0.968 / 1.001x: hence "scalar".
+LINEAR_KSPLIT = env_choice("FALCON_TRITON_LINEAR_KSPLIT", "scalar", ("off", "scalar", "on"),
+                           "the linear state passes also split over key tiles: Falcon-1A / 3A (scalar), and 2A (on); "
+                           "all proven")
 KSPLIT_MIN_BK = 32  # the smallest key tile "on" makes (tests lower it to 16 to split K = 32)
 
 
 def linear_state_tiles(bk: int, bv: int, K: int, V: int, n_seq_heads: int, dtype: torch.dtype) -> tuple:
     """(BK, BV, NKB) of a linear (no delta) state pass: bk, bv from _cfg; NKB key tiles (LINEAR_KSPLIT), then the
     value tile of state_bv with NKB x the programs. NKB = 1 is the whole key width (the kernels' proven form)."""
-    if LINEAR_KSPLIT == "on":
+    if LINEAR_KSPLIT in ("scalar", "on"):
         while bk // 2 >= KSPLIT_MIN_BK and cdiv(V, bv) * cdiv(K, bk) * n_seq_heads < STATE_PROGRAMS:
             bk //= 2
     nkb = cdiv(K, bk)
