@@ -66,6 +66,39 @@ def test_bad_cu_seqlens(x):
         chunk_falcon(q1, k1, v1, b1, l1, variant="1", cu_seqlens=torch.tensor([0.0, 8.0]))
 
 
+def test_cu_seqlens_checked_once_per_tensor(x, monkeypatch):
+    """A packed call's cu_seqlens is read on the host (a device sync on CUDA) once per distinct, unchanged tensor: later
+    calls with it (the model's other layers, recompute) take the checked device copy from api._CU_CACHE; a new tensor
+    or an in-place change is checked again, so a bad change still fails naming the argument."""
+    from falcon_lab.kernels import api
+
+    monkeypatch.setattr(api, "_CU_CACHE", [])
+    reads = []
+
+    class Cu(torch.Tensor):  # a tensor whose host reads are counted
+        def tolist(self):
+            reads.append(self.numel())
+            return torch.Tensor.tolist(self)
+
+    q1, k1, v1, b1, l1 = (t[:1] for t in x)
+    cu = torch.tensor([0, 3, 8]).as_subclass(Cu)
+    o1, _ = chunk_falcon(q1, k1, v1, b1, l1, variant="1", cu_seqlens=cu)
+    o2, _ = chunk_falcon(q1, k1, v1, b1, l1, variant="1", cu_seqlens=cu)
+    assert len(reads) == 1 and torch.equal(o1, o2)  # checked once, the same result
+    assert api._checked_cu(cu, 8, q1.device) is api._checked_cu(cu, 8, q1.device)
+    cu2 = torch.tensor([0, 3, 8]).as_subclass(Cu)  # equal values, another tensor: checked again
+    chunk_falcon(q1, k1, v1, b1, l1, variant="1", cu_seqlens=cu2)
+    assert len(reads) == 2
+    cu[1] = 0  # in place: `_version` moves on, so it is checked again and refused
+    with pytest.raises(ValueError, match="cu_seqlens: must be strictly increasing"):
+        chunk_falcon(q1, k1, v1, b1, l1, variant="1", cu_seqlens=cu)
+    assert len(reads) == 3
+    monkeypatch.setattr(api, "_CU_CACHE_N", 2)
+    for _ in range(3):  # the cache keeps its newest _CU_CACHE_N entries
+        api._checked_cu(torch.tensor([0, 8]), 8, q1.device)
+    assert len(api._CU_CACHE) == 2
+
+
 def test_check_finite_refuses_non_finite_inputs_naming_them():
     """The chunked form is not causal under NaN/Inf (masked future terms are multiplied by zero): the
     checked mode refuses them, naming the argument and the first position; without it, the NaN reaches

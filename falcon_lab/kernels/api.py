@@ -21,6 +21,38 @@ def _err(arg: str, msg: str) -> ValueError:
     return ValueError(f"{arg}: {msg}")
 
 
+# Packed calls' cu_seqlens, checked and on the inputs' device, once per distinct tensor (ours, after fla's
+# `tensor_cache` for its chunk indices). Checking a CUDA cu_seqlens reads it on the host (`tolist`), and a CPU one's
+# copy to the GPU waits for its stream: either is a sync that makes the host wait for every kernel queued before it,
+# and a packed model calls the op once per layer (again under recompute) with the same tensor. On the H200
+# (2026-12-04, twenty-first session, `experiments/h200/varlen_bench.py`, before this cache) a packed Falcon-1A
+# fwd+bwd took 3.3-3.8 ms against 1.4-1.7 ms for the same tokens in dense rows, host-bound ops whose host and GPU
+# time then add instead of overlapping (our reading; the cache's effect is not yet measured there). Each entry holds
+# its tensor (so that its id is not reused while cached) and `_version` (an in-place change checks it again).
+_CU_CACHE: list = []
+_CU_CACHE_N = 8
+
+
+def _checked_cu(cu_seqlens: torch.Tensor, T: int, device: torch.device) -> torch.Tensor:
+    """cu_seqlens validated against T (start 0, end T, strictly increasing) and on `device`: from _CU_CACHE when this
+    tensor, unchanged, was checked for T and device before (no host sync); under torch.compile tracing, every call."""
+    tracing = torch.compiler.is_compiling()
+    if not tracing:
+        for t, ver, tt, dev, out in _CU_CACHE:
+            if t is cu_seqlens and ver == cu_seqlens._version and tt == T and dev == device:
+                return out
+    cs = cu_seqlens.tolist()
+    if len(cs) < 2 or cs[0] != 0 or cs[-1] != T:
+        raise _err("cu_seqlens", f"must start at 0 and end at T = {T}, got {cs[:3]}...{cs[-2:]}")
+    if any(b <= a for a, b in zip(cs[:-1], cs[1:])):
+        raise _err("cu_seqlens", "must be strictly increasing (every sequence has >= 1 token)")
+    out = cu_seqlens.to(device)
+    if not tracing:
+        _CU_CACHE.insert(0, (cu_seqlens, cu_seqlens._version, T, device, out))
+        del _CU_CACHE[_CU_CACHE_N:]
+    return out
+
+
 def _check(q, k, v, beta, lam, variant, window, step, lam_mode, shift, read, eps, eps_gamma,
            initial_state, cu_seqlens, chunk_size, backend):
     if variant not in SPECS:
@@ -73,12 +105,8 @@ def _check(q, k, v, beta, lam, variant, window, step, lam_mode, shift, read, eps
             raise _err("cu_seqlens", "must be a 1-D integer (Long) tensor [N+1]")
         if Bsz != 1:
             raise _err("cu_seqlens", f"requires the packed batch B == 1, got B = {Bsz}")
-        cs = cu_seqlens.tolist()
-        if len(cs) < 2 or cs[0] != 0 or cs[-1] != T:
-            raise _err("cu_seqlens", f"must start at 0 and end at T = {T}, got {cs[:3]}...{cs[-2:]}")
-        if any(b <= a for a, b in zip(cs[:-1], cs[1:])):
-            raise _err("cu_seqlens", "must be strictly increasing (every sequence has >= 1 token)")
-        n_seq = len(cs) - 1
+        _checked_cu(cu_seqlens, T, q.device)
+        n_seq = cu_seqlens.numel() - 1
     if initial_state is not None:
         st = initial_state
         if not isinstance(st, FalconState):
@@ -169,7 +197,7 @@ def _falcon(q, k, v, beta, lam, *, variant, window, step, lam_mode, shift, read,
         S0 = st.S.to(cd) if st is not None else None
         core = _packed_natively(spec, W, q, k, v, beta, lam, S0, backend, mode)
         if core is not None:
-            cs = cu_seqlens.to(q.device)
+            cs = _checked_cu(cu_seqlens, q.shape[1], q.device)  # checked by _check: from the cache
             lengths = cs[1:] - cs[:-1]
             seen = st.seen.to(q.device) if st is not None else torch.zeros_like(lengths)
             prep = _triton_prep(spec, W, q, packed=True)  # the windowed fused prep has no packed form
