@@ -890,8 +890,8 @@ def _bwd_gate(G, VEC, PART, DG, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, C
 # ------------------------------------------------------------------------------------------------
 def _state_tiles(BK, BVs, K, V, n_seq_heads, dtype, delta, group):
     """(key tile, value tile, key tiles NKB) of the two sequential state passes: the linear passes (no delta, one row
-    per step) through common.linear_state_tiles (key-split under LINEAR_KSPLIT=on), the delta rule's whole key width
-    with state_bv's value tile."""
+    per step) through common.linear_state_tiles (key-split under LINEAR_KSPLIT=scalar, the default, or =on), the
+    delta rule's whole key width with state_bv's value tile."""
     if delta or group != 1:
         return BK, state_bv(BVs, V, n_seq_heads, dtype), 1
     return linear_state_tiles(BK, BVs, K, V, n_seq_heads, dtype)
