@@ -29,10 +29,14 @@ def test_flop_model_is_falcon_math_section_7_and_bound_is_the_larger_floor():
     assert f["bound"] == ("memory" if f["bw"] >= f["tc"] else "compute") == "memory"
     assert limit_fractions("sdpa_flash", 1, 32768, 6, 128, 128, 10.0, fwd=False)["bound"] == "compute"
     row = dict(op="falcon-1", B=16, T=2048, H=12, K=64, fwd_ms=1.0, fwdbwd_ms=2.82, peak_mem_mb=1.0,
-               bw_floor_frac_fwdbwd=f["bw"], tc_peak_frac_fwdbwd=f["tc"], bound_fwdbwd=f["bound"], host_ms_fwdbwd=3.03)
-    table = summary([row, dict(row, decode_step_eager_ms=0.1, decode_step_graph_ms=0.02)]).splitlines()
+               bw_floor_frac_fwdbwd=f["bw"], tc_peak_frac_fwdbwd=f["tc"], bound_fwdbwd=f["bound"], host_ms_fwdbwd=3.03,
+               gpu_ms_fwdbwd=1.71)
+    table = summary([row, dict(row, decode_step_eager_ms=0.1, decode_step_graph_ms=0.02),
+                     dict(row, gpu_ms_fwdbwd=None)]).splitlines()
     line = table[2]
-    assert f"| {f['tc']} | memory |" in line and "| 2.82 | 3.03 |" in line  # the host time beside the measured one
+    # the host time and the kernels' GPU time beside the measured one; an unmeasured GPU time leaves its cell empty
+    assert f"| {f['tc']} | memory |" in line and "| 2.82 | 3.03 | 1.71 |" in line
+    assert "| 2.82 | 3.03 |  |" in table[-1]
     assert len({t.count("|") for t in table}) == 1, table  # every row, the decode row included, has every column
 
 

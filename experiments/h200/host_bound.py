@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from falcon_lab.benchmarking.kernels import WINDOW, _commit, host_ms, make_fn, make_inputs
+from falcon_lab.benchmarking.kernels import WINDOW, _commit, gpu_ms, host_ms, make_fn, make_inputs
 
 SHAPES = [(16, 2048, 12, 64), (1, 32768, 6, 128)]
 # falcon-3A: the default (the banded scan since 2026-12-03); falcon-3A-scans: its W scans (bench kernels' op labels)
@@ -81,28 +81,16 @@ def measure(op, shape, n_host=30):
 
     bench = triton.testing.do_bench(fb, warmup=25, rep=100, grad_to_none=ins, return_mode="median")
     host = host_ms(fb, ins, n=n_host)
-    from torch.profiler import ProfilerActivity, profile
-
-    n_prof = 5
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n_prof):
-            for t in ins:
-                t.grad = None
-            fb()
-        torch.cuda.synchronize()
-    gpu_us = sum(e.self_device_time_total for e in prof.key_averages())
-    kernel_ms = {e.key: round(e.self_device_time_total / n_prof / 1e3, 4) for e in prof.key_averages()
-                 if e.self_device_time_total > 0}
-    n_kernels = sum(e.count for e in prof.key_averages() if e.self_device_time_total > 0) / n_prof
-    for t in ins:
-        t.grad = None
+    gpu, per, n_kernels = gpu_ms(fb, ins, n=5)
+    kernel_ms = {k: round(v, 4) for k, v in per.items()}
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     fb()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() / 2 ** 20
     return dict(bench_ms=round(bench, 4), host_ms=round(host, 4),
-                gpu_ms=round(gpu_us / n_prof / 1e3, 4), gpu_kernels_per_call=round(n_kernels, 1),
+                gpu_ms=round(gpu, 4) if gpu is not None else None,
+                gpu_kernels_per_call=round(n_kernels, 1) if n_kernels is not None else None,
                 peak_mb=round(peak, 1), kernel_ms=kernel_ms)
 
 

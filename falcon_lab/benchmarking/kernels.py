@@ -3,8 +3,10 @@ attention (causal) and the torch chunk form, in ONE run, at the issue's bf16 sha
 
 Every op is first checked against a float64 reference at a small shape (B=1, T=256, H=2, same K/V);
 an op that fails (or does not exist) gets no speed numbers, only a note. Timing: forward and
-forward+backward medians of triton.testing.do_bench after warm-up, and the host time to submit one forward+backward
-(when it reaches the measured time the op is bound by its host, not its kernels); peak memory of one forward+backward
+forward+backward medians of triton.testing.do_bench after warm-up, the host time to submit one forward+backward
+(when it reaches the measured time the op is bound by its host, not its kernels) and the GPU time of one
+(`gpu_ms_fwdbwd`: its kernels' device time from torch.profiler, summed; since 2026-12-04's twenty-first session);
+peak memory of one forward+backward
 (torch.cuda.max_memory_allocated, inputs included). Also reports the distance to the physical limit:
 the bandwidth floor (the bytes that must move — inputs read once, outputs written once; forward+backward also
 reads dO and the inputs again and writes their gradients — over 4.8 TB/s) and the tensor-core floor (the
@@ -226,6 +228,7 @@ def time_op(op, shape, profile_dir=None):
 
     fwdbwd = triton.testing.do_bench(fb, warmup=25, rep=100, grad_to_none=ins, return_mode="median")
     host = host_ms(fb, ins)
+    gpu = gpu_ms(fb, ins)[0]
     torch.cuda.synchronize()
     for t in ins:
         t.grad = None
@@ -249,7 +252,7 @@ def time_op(op, shape, profile_dir=None):
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
         (Path(profile_dir) / f"profile_{name}.txt").write_text(table)
     ins = None  # free the inputs (not `del`: the closures above share the name, which pyflakes then flags)
-    return fwd, fwdbwd, peak, host, own
+    return fwd, fwdbwd, peak, host, own, gpu
 
 
 def own_peak_mb(peak: int, before: int, tensors) -> float:
@@ -274,6 +277,38 @@ def host_ms(fn, ins, n=20) -> float:
     host = (time.perf_counter() - t0) / n * 1e3
     torch.cuda.synchronize()
     return host
+
+
+def gpu_ms(fn, ins, n=5):
+    """(the device time of every kernel one call of fn launches, summed, in ms; {kernel: ms per call}; kernel launches
+    per call) from torch.profiler's CUDA activity over n calls, the inputs' gradients cleared before each (as
+    do_bench's grad_to_none); (None, {}, None) where the profiler cannot start (no CUPTI on the runtime). Ours
+    (2026-12-04, twenty-first session; also experiments/h200/host_bound.py's `measure`, which switch_ab.py reports as
+    `gpu ms`): at the benchmark's small shapes the ops run at their host's pace, whose submit time moves between runs,
+    so a ratio of op times there measures the host as much as the kernels; the GPU time does not."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    prof = profile(activities=[ProfilerActivity.CUDA])
+    try:
+        prof.__enter__()
+    except Exception:  # noqa: BLE001  (the profiler only: fn's own errors are not caught below)
+        return None, {}, None
+    try:
+        for _ in range(n):
+            for t in ins:
+                t.grad = None
+            fn()
+        torch.cuda.synchronize()
+    finally:
+        prof.__exit__(None, None, None)
+    for t in ins:
+        t.grad = None
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    if not events:
+        return None, {}, None
+    per = {e.key: e.self_device_time_total / n / 1e3 for e in events}
+    return sum(per.values()), per, sum(e.count for e in events) / n
 
 
 def time_core(op, shape):
@@ -380,9 +415,10 @@ def run(out_dir="benchmarks/results", ops=None, shapes=None, profile=False):
             try:
                 prof = str(out) if (profile and ((shape == shapes[0] and op in PROFILED)
                                                    or (shape[1] >= 8192 and op in PROFILED_LONG))) else None
-                fwd, fwdbwd, peak, host, own = time_op(op, shape, profile_dir=prof)
+                fwd, fwdbwd, peak, host, own, gpu = time_op(op, shape, profile_dir=prof)
                 row.update(fwd_ms=round(fwd, 4), fwdbwd_ms=round(fwdbwd, 4), peak_mem_mb=round(peak, 1),
-                           peak_mem_op_mb=round(own, 1), host_ms_fwdbwd=round(host, 4))
+                           peak_mem_op_mb=round(own, 1), host_ms_fwdbwd=round(host, 4),
+                           gpu_ms_fwdbwd=round(gpu, 4) if gpu is not None else None)
                 lf, lfb = limit_fractions(op, B, T, H, K, K, fwd, True), limit_fractions(op, B, T, H, K, K, fwdbwd, False)
                 row.update(bw_floor_frac_fwd=lf["bw"], bw_floor_frac_fwdbwd=lfb["bw"], tc_peak_frac_fwd=lf["tc"],
                            tc_peak_frac_fwdbwd=lfb["tc"], bound_fwdbwd=lfb["bound"],
@@ -440,20 +476,21 @@ def summary(rows):
     head = [f"Environment switches: {', '.join(f'{k}={v}' for k, v in flags.items()) or 'none'}", ""] \
         if flags is not None else []
     lines = head + [
-             "| op | B×T×H×K | fwd ms | fwd+bwd ms | host ms to submit fwd+bwd | core fwd ms | core fwd+bwd ms | "
-             "peak MB (op's own) | bandwidth floor frac fwd+bwd (op / core) | tensor-core peak frac fwd+bwd | bound | "
-             "note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| op | B×T×H×K | fwd ms | fwd+bwd ms | host ms to submit fwd+bwd | GPU ms of fwd+bwd (kernels' device "
+             "time) | core fwd ms | core fwd+bwd ms | peak MB (op's own) | bandwidth floor frac fwd+bwd (op / core) | "
+             "tensor-core peak frac fwd+bwd | bound | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        gpu = r.get("gpu_ms_fwdbwd")
         lines.append(f"| {r['op']} | {r['B']}×{r['T']}×{r['H']}×{r['K']} | {r['fwd_ms']} | {r['fwdbwd_ms']} | "
-                     f"{r.get('host_ms_fwdbwd', '')} | "
+                     f"{r.get('host_ms_fwdbwd', '')} | {gpu if gpu is not None else ''} | "
                      f"{r.get('core_fwd_ms', '')} | {r.get('core_fwdbwd_ms', '')} | {r['peak_mem_mb']}"
                      f"{_own(r)} | "
                      f"{r.get('bw_floor_frac_fwdbwd')} / {r.get('core_bw_floor_frac_fwdbwd', '')} | "
                      f"{r.get('tc_peak_frac_fwdbwd', '')} | {r.get('bound_fwdbwd', '')} | {r.get('note', '')[:80]} |")
         if r.get("decode_step_graph_ms") is not None:
             lines.append(f"| falcon-1 decode step (T=1, state) | {r['B']}×1×{r['H']}×{r['K']} | eager {r['decode_step_eager_ms']} | "
-                         f"CUDA graph {r['decode_step_graph_ms']} | | | | | | | | |")
+                         f"CUDA graph {r['decode_step_graph_ms']} | | | | | | | | | |")
     return "\n".join(lines) + "\n"
 
 
