@@ -113,6 +113,18 @@ KS = [("F1A-after-K32", dict(delta=False, K=32)),
 CASES += [_c(f"ksplit-{n}", seed=190 + i, ksplit=True, **kw) for i, (n, kw) in enumerate(KS)]
 CASES.append(_c("ksplit-F2-C32-K32-unsplit", delta=True, per_col=True, C=32, T=45, B=1, K=32, seed=205, ksplit=True,
                 ksplit_none=True))
+# _fwd_prep's diagonal-block inverses as a product of dots (a_inv="prod": FALCON_TRITON_A_INV=prod, ours, opt-in and
+# unproven; truncated at L's nilpotency index 16 / W): Falcon-1 with one, two and four blocks a chunk, fp16, strong
+# decay; Falcon-3 in place at W = 2, 4, 8 (NG = 8, 4, 2) and on its host expansion; packed Falcon-1
+AINV = [("F1-C64-T65", dict(delta=True, C=64, T=65, B=1, H=1, K=32, V=32)),
+        ("F1-fp16-C32-before", dict(delta=True, C=32, T=45, after=False, dtype="float16")),
+        ("F1-strong-decay-C64", dict(delta=True, C=64, T=64, B=1, H=1, strong=True)),
+        ("F3-gather-W4-C64", dict(delta=True, W=4, C=64, T=40, B=1, H=2, K=32, V=16, fused=True)),
+        ("F3-gather-W2-before-C32-strong-decay", dict(delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16,
+                                                      strong=True, fused=True)),
+        ("F3-gather-W8-fp16", dict(delta=True, W=8, T=23, K=16, V=16, dtype="float16", fused=True)),
+        ("F3-expand-W4", dict(delta=True, W=4, T=23, fused=False))]
+CASES += [_c(f"ainv-prod-{n}", a_inv="prod", seed=230 + i, **kw) for i, (n, kw) in enumerate(AINV)]
 # Falcon-3 on its host expansion (fused_window=False: FALCON_TRITON_3=expand, and every packed call)
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9, fused=False))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10,
@@ -212,6 +224,20 @@ CASES += [_c(f"{n.split('-')[0]}-split-{n.split('-', 1)[1]}", per_col=True, diag
 CASES += [_c(f"{n.split('-')[0]}-split16-{n.split('-', 1)[1]}", per_col=True, diag="split16", **dict(kw, seed=210 + i))
           for i, (n, kw) in enumerate(d for d in DIAG if "fp16" in d[0])]
 CASES.append(_c("F2-after", delta=True, per_col=True, seed=17, diag="broadcast"))
+# the blocked backward's intra pass in one kernel (bwd_intra="fused": FALCON_TRITON_2A_BWD_INTRA=fused, ours, opt-in
+# and unproven; _pc_bwd_intra, the later blocks' du through a [K, BV] sum): four and two sub-blocks, both read orders,
+# value tiles with a masked rest (V = 48, 80), masked keys (K = 48), strong decay with the split / broadcast diagonal
+# blocks mixed in one call, the broadcast alone, fp16 with the split16 dots, Falcon-2 (R for v), the key-split state
+# pass (DU stored fresh) and packed sequences
+FUSED = [("F2A-C64-V48", dict(delta=False, C=64, T=70, B=1, V=48)),
+         ("F2A-before-C32-strong-decay", dict(delta=False, after=False, C=32, T=45, B=1, K=16, V=48, strong=True)),
+         ("F2A-C64-mixed-tiles", dict(delta=False, C=64, T=70, B=1, H=1, strong=True, diag_spans={"other": 8.})),
+         ("F2A-broadcast-before-C32", dict(delta=False, after=False, C=32, T=45, B=1, diag="broadcast")),
+         ("F2A-split16-fp16-C64-K48-V80", dict(delta=False, C=64, T=70, B=1, H=1, K=48, V=80, dtype="float16",
+                                               diag="split16")),
+         ("F2-fp16-C64-no-S0", dict(delta=True, C=64, T=70, B=1, H=1, K=32, dtype="float16", s0=False)),
+         ("F2A-ksplit-C64-K32", dict(delta=False, C=64, T=70, B=1, K=32, ksplit=True))]
+CASES += [_c(f"fused-intra-{n}", per_col=True, bwd_intra="fused", seed=220 + i, **kw) for i, (n, kw) in enumerate(FUSED)]
 CASES.append(_c("F2-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=18))
 CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
                 strong=True, s0=False, no_dst=True, seed=19, intra="exact"))
@@ -331,6 +357,10 @@ VARLEN += [dict(id=f"varlen-native-F3-{dt}-C{C}-{rd}", varlen=True, variant="3",
                                             ("float16", 64, "after")])]
 VARLEN += [dict(id=f"varlen-native-F{v}-C64-chunkgrid-rows16", varlen=True, variant=v, dtype="float32", C=64,
                 seed=64 + i, fwd_grid="chunk", rows_bv="16") for i, v in enumerate(("2A", "2"))]
+VARLEN.append(dict(id="varlen-native-F2A-C64-fused-intra-before", varlen=True, variant="2A", dtype="float16", C=64,
+                   read="before", shift=False, seed=74, bwd_intra="fused"))
+VARLEN.append(dict(id="varlen-native-F1-float16-C64-ainv-prod", varlen=True, variant="1", dtype="float16", C=64,
+                   seed=76, a_inv="prod"))
 VARLEN += [dict(id=f"varlen-native-F{v}-C32-rowsblock", varlen=True, variant=v, dtype="float32", C=32, seed=66 + i,
                 rows_grid="block") for i, v in enumerate(("2A", "2"))]
 VARLEN += [dict(id=f"varlen-native-F2-C32-{sv}", varlen=True, variant="2", dtype="float32", C=32, seed=68 + i,
@@ -561,8 +591,12 @@ SWITCHES = [
      "FALCON_TRITON_2A_ROWS_BV must be '32' or '16', got '128'"),
     (KT + "percol", "ROWS_GRID", "FALCON_TRITON_2A_ROWS_GRID", "tile", "tiles",
      "FALCON_TRITON_2A_ROWS_GRID must be 'tile' or 'block', got 'tiles'"),
+    (KT + "percol", "BWD_INTRA", "FALCON_TRITON_2A_BWD_INTRA", "split", "fuse",
+     "FALCON_TRITON_2A_BWD_INTRA must be 'split' or 'fused', got 'fuse'"),
     (KT + "common", "FP32_DOT", "FALCON_TRITON_FP32_DOT", "tf32x3", "fp64",
      "FALCON_TRITON_FP32_DOT must be 'tf32x3', 'ieee' or 'tf32', got 'fp64'"),
+    (KT + "chunk", "A_INV", "FALCON_TRITON_A_INV", "subst", "product",
+     "FALCON_TRITON_A_INV must be 'subst' or 'prod', got 'product'"),
     (KT + "chunk", "DQ_SUM", "FALCON_TRITON_3_DQ_SUM", "kernel", "gpu",
      "FALCON_TRITON_3_DQ_SUM must be 'kernel' or 'host', got 'gpu'"),
     (KT + "pair_sum", "PAIR_SUM", "FALCON_TRITON_3_PAIR_SUM", "triton", "cuda",

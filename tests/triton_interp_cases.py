@@ -194,12 +194,14 @@ if __name__ == "__main__":
     default_3a = kt._FALCON_3A
     default_packed3a = kt._FALCON_3A_PACKED
     default_a_dtype = kchunk.A_DTYPE
+    default_a_inv = kchunk.A_INV
     default_dq_sum = kchunk.DQ_SUM
     default_state_dtype = kchunk.STATE_DTYPE
     default_intra = kpercol.INTRA
     default_fwd_grid = kpercol.FWD_GRID
     default_rows_bv = kpercol.ROWS_BV
     default_rows_grid = kpercol.ROWS_GRID
+    default_bwd_intra = kpercol.BWD_INTRA
     default_diag, default_spans = kpercol.DIAG, dict(kpercol.DIAG_SPANS)
     default_pair_sum = kpair.PAIR_SUM
     default_state_bv = kcommon.STATE_BV
@@ -230,6 +232,7 @@ if __name__ == "__main__":
         kpercol.FWD_GRID = c.get("fwd_grid", default_fwd_grid)  # what FALCON_TRITON_2A_FWD_GRID sets
         kpercol.ROWS_BV = c.get("rows_bv", default_rows_bv)  # what FALCON_TRITON_2A_ROWS_BV sets
         kpercol.ROWS_GRID = c.get("rows_grid", default_rows_grid)  # what FALCON_TRITON_2A_ROWS_GRID sets
+        kpercol.BWD_INTRA = c.get("bwd_intra", default_bwd_intra)  # what FALCON_TRITON_2A_BWD_INTRA sets
         kpercol.DIAG = c.get("diag", default_diag)  # what FALCON_TRITON_2A_DIAG sets
         kpercol.DIAG_SPANS = dict(default_spans, **c.get("diag_spans", {}))  # a lower bound reaches the fallback
         kpair.PAIR_SUM = c.get("pair_sum", default_pair_sum)  # what FALCON_TRITON_3_PAIR_SUM sets
@@ -245,6 +248,7 @@ if __name__ == "__main__":
         kcommon.LINEAR_KSPLIT = "on" if c.get("ksplit") else default_ksplit
         kcommon.KSPLIT_MIN_BK = 16 if c.get("ksplit") else default_ksplit_bk
         kchunk.A_DTYPE = c.get("a_dtype", default_a_dtype)  # what FALCON_TRITON_A_DTYPE sets
+        kchunk.A_INV = c.get("a_inv", default_a_inv)  # what FALCON_TRITON_A_INV sets
         kchunk.DQ_SUM = c.get("dq_sum", default_dq_sum)  # what FALCON_TRITON_3_DQ_SUM sets
         kchunk.STATE_DTYPE = c.get("state_dtype", default_state_dtype)  # what FALCON_TRITON_STATE_DTYPE sets
         kwl.WL_BWD_BV = c.get("wl_bwd_bv", default_wl_bwd_bv)  # what FALCON_TRITON_3A_BWD_BV sets

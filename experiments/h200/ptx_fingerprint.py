@@ -129,6 +129,8 @@ def _record(tree: str, quick: bool):
 
     if hasattr(kpercol, "INTRA"):  # Falcon-2A / -2 intra-chunk term by 16-row sub-blocks (since 2026-12-02)
         variants += [("2A-blocked", 0, 1, 1, "blocked"), ("2-blocked", 1, 1, 1, "blocked")]
+    if hasattr(kpercol, "BWD_INTRA"):  # ... its backward intra pass in one kernel (since 2026-12-04)
+        variants += [("2A-blocked-fused", 0, 1, 1, "blocked-fused"), ("2-blocked-fused", 1, 1, 1, "blocked-fused")]
     if "cu_seqlens" in inspect.signature(ft.core).parameters:  # packed sequences in the kernels (since 2026-12-02)
         variants += [(f"{v}-varlen", d, pc, w, "varlen") for v, d, pc, w in (("1", 1, 0, 1), ("1A", 0, 0, 1),
                                                                              ("2", 1, 1, 1), ("2A", 0, 1, 1),
@@ -151,8 +153,10 @@ def _record(tree: str, quick: bool):
                         return q, xw, vw, eta, g, S0
                     kw = dict(delta=bool(delta), window=W, read_after=ra)
                     if hasattr(kpercol, "INTRA"):
-                        kpercol.INTRA = "blocked" if fused == "blocked" else "exact"
-                    if fused == "blocked":
+                        kpercol.INTRA = "blocked" if fused in ("blocked", "blocked-fused") else "exact"
+                    if hasattr(kpercol, "BWD_INTRA"):
+                        kpercol.BWD_INTRA = "fused" if fused == "blocked-fused" else "split"
+                    if fused in ("blocked", "blocked-fused"):
                         pass
                     elif fused == "varlen":  # two packed sequences of 37 and 63 tokens (B = 1)
                         kw["cu_seqlens"] = torch.tensor([0, 37, T])
@@ -269,8 +273,14 @@ def _compile_all(records):
             binders[fn] = create_function_from_signature(fn.signature, fn.params, backend)
         bound, spec, opts = binders[fn](*args, **kw)
         key = (fn.fn.__name__, str(spec), str(opts))
-        if key not in done:
+        if key not in done and STAGE == "cubin":  # the whole compile, then ptxas' resource use
             options, signature, constexprs, attrs = fn._pack_args(backend, kw, bound, spec, opts)
+            knobs.runtime.add_stages_inspection_hook = None
+            k = compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+            done[key] = _resources(k)
+        elif key not in done:
+            options, signature, constexprs, attrs = fn._pack_args(backend, kw, bound, spec, opts)
+            knobs.runtime.add_stages_inspection_hook = stop_at_ptx
             try:
                 compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
                 raise RuntimeError("the cubin stage did not run")
@@ -284,6 +294,25 @@ def _compile_all(records):
         if (i + 1) % 50 == 0:
             print(f"  {i + 1}/{len(records)} launches, {len(done)} builds, {time.time() - t0:.0f} s", flush=True)
     return out, len(done)
+
+
+def _resources(k) -> str:
+    """What ptxas made of a compiled kernel (--stage cubin): registers and stack bytes per thread (a stack means
+    spills), shared memory per program, warps, and how many of its dots became Hopper wgmma."""
+    import tempfile
+
+    import triton
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        use = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+    line = next((ln for ln in use.splitlines() if "REG:" in ln), "")
+    reg = re.search(r"REG:(\d+)", line)
+    stack = re.search(r"STACK:(\d+)", line)
+    return (f"regs {reg.group(1) if reg else '?'} stack {stack.group(1) if stack else '?'} B shared "
+            f"{k.metadata.shared} B warps {k.metadata.num_warps} wgmma {k.asm['ptx'].count('wgmma.mma_async')}")
 
 
 def _compare(a_path, b_path):
@@ -314,9 +343,11 @@ def main():
     ap.add_argument("--out", help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="K in (16, 128), C in (16, 64) only")
     ap.add_argument("--only", help="a regular expression: fingerprint the kernels whose names match it")
-    ap.add_argument("--stage", choices=("ttir", "ptx"), default="ttir",
+    ap.add_argument("--stage", choices=("ttir", "ptx", "cubin"), default="ttir",
                     help="hash the Triton IR after its inlining and canonicalisation (fast; the later stages are a "
-                         "function of it, the options and the target) or the PTX (slow, ~1.5 s a build on 2 cores)")
+                         "function of it, the options and the target) or the PTX (slow, ~1.5 s a build on 2 cores); "
+                         "cubin: compile each build whole and record ptxas' registers, stack (spills), shared "
+                         "memory and wgmma count instead of a hash (slower still)")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two fingerprint files")
     ap.add_argument("--dump", metavar="DIR", help="also write each build's normalised text to DIR (to diff two trees)")
     a = ap.parse_args()

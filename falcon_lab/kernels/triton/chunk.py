@@ -40,7 +40,7 @@ import triton.language as tl
 from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _state_init,  # noqa: F401
                      _state_put, _state_tile, _state_tile_k, _varlen_chunk, _varlen_seq, cdiv, launch,
                      linear_state_tiles, state_bv, state_opts, varlen_args)
-from .host import env_choice
+from .host import UNPROVEN, env_choice
 from .pair_sum import pair_sum
 
 # The backward's per-chunk work (dq, dx, dv, dη, dg) runs as three kernels, _bwd_cc, _bwd_dqdx and _bwd_gate (ours,
@@ -82,6 +82,25 @@ DQ_SUM = env_choice("FALCON_TRITON_3_DQ_SUM", "kernel", ("kernel", "host"),
 # Falcon-1A 688.5 -> 592.5 / 851.3 -> 659.3, Falcon-3 in place 2674.6 -> 2290.6 / 3137.3 -> 2369.3.
 STATE_DTYPE = env_choice("FALCON_TRITON_STATE_DTYPE", "input", ("fp32", "input"),
                          "Falcon-1/-1A/-3: the per-chunk states HS, DHS in the inputs' dtype or fp32 (both proven)")
+
+
+# The diagonal 16 x 16 blocks' inverses in _fwd_prep (ours): "subst" (forward substitution, _inv16: 15 dependent
+# steps, each two masked cross-thread sums over the block; proven, the default) or "prod" (_inv16_prod: the product
+# (I - L)(I + L²)(I + L⁴)(I + L⁸) as tensor-core dots at the block substitution's precision, truncated where L's powers
+# vanish: two dots for Falcon-3 at W = 4, whose L is block-strict over groups of W, six for Falcon-1; percol_delta's
+# INV_FORM="prod" is the same product, proven for Falcon-2's per-column inverses). Written 2026-12-04 (twenty-second
+# session) after an H200 profile put _fwd_prep at 1.65 of Falcon-3's 7.3 ms at (16, 2048, 12, 64)
+# (kernels_2026-12-03h/call5): interpreter-tested, not yet run on a GPU (on CUDA only with FALCON_TRITON_UNPROVEN=1).
+A_INV = env_choice("FALCON_TRITON_A_INV", "subst", ("subst", "prod"),
+                   "Falcon-1/-3: _fwd_prep's diagonal-block inverses by substitution (proven) or as a product of dots")
+
+
+def inv_groups(group: int) -> int:
+    """_fwd_prep's INV_NG: 0 (substitution) or, with A_INV="prod", the power at which the diagonal blocks' L
+    vanishes: the groups of `group` rows in a 16-row block (16 when `group` does not divide 16)."""
+    if A_INV != "prod":
+        return 0
+    return 16 // group if 16 % group == 0 else 16
 
 
 def a_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -162,6 +181,37 @@ def _inv16(L):
 
 
 @triton.jit
+def _inv16_prod(L, NG: tl.constexpr, IPREC: tl.constexpr):
+    """(I + L)^{-1} of a strictly lower 16 x 16 block as the product (I - L)(I + L²)(I + L⁴)(I + L⁸) of tensor-core dots
+    at IPREC (ours; as percol_delta's _inv_prod, INV_FORM="prod"), truncated where the powers vanish: L^NG = 0 with NG
+    the groups in the block (16 / GROUP: Falcon-3's block-strict L over groups of W pseudo-tokens is nilpotent of
+    index 16 / W, so W = 4 needs (I - L)(I + L²), two dots; Falcon-1 all six)."""
+    i = tl.arange(0, 16)
+    P = tl.where(i[:, None] == i[None, :], 1., 0.) - L
+    if NG > 2:
+        L2 = tl.dot(L, L, input_precision=IPREC)
+        P += tl.dot(P, L2, input_precision=IPREC)
+        if NG > 4:
+            L4 = tl.dot(L2, L2, input_precision=IPREC)
+            P += tl.dot(P, L4, input_precision=IPREC)
+            if NG > 8:
+                L8 = tl.dot(L4, L4, input_precision=IPREC)
+                P += tl.dot(P, L8, input_precision=IPREC)
+    return P
+
+
+@triton.jit
+def _inv_diag(L, IPREC: tl.constexpr, INV_NG: tl.constexpr):
+    """A diagonal block's inverse: by forward substitution (INV_NG = 0, _inv16; proven) or as a product (_inv16_prod
+    with NG = INV_NG)."""
+    if INV_NG > 0:
+        out = _inv16_prod(L, INV_NG, IPREC)
+    else:
+        out = _inv16(L)
+    return out
+
+
+@triton.jit
 def _gfirst(g, i, GROUP: tl.constexpr):
     """log γ at the first pseudo-token of each row's group (Falcon-3 expansion); g itself if GROUP = 1."""
     out = g
@@ -189,7 +239,7 @@ def _st_A(A, tok, rm, col0, blk, C: tl.constexpr):
 def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
               C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
               IPREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF,
-              VARLEN: tl.constexpr):
+              VARLEN: tl.constexpr, INV_NG: tl.constexpr = 0):
     """Per chunk: A = (I + L)^{-1} by 16 x 16 blocks (diagonal blocks by forward substitution, the
     rest by block substitution A_ab = -A_aa Σ_{b<=c<a} L_ac A_cb with small dots), then
     Wt = A diag(e^{ub}) X and Vt = A V. NB = C / 16 blocks (1, 2 or 4)."""
@@ -217,14 +267,14 @@ def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.cons
     dt = x0.dtype
     u0 = tl.cumsum(g0, 0)
     ub0 = u0 - _gfirst(g0, j, GROUP)
-    A00 = _inv16(tl.where(strict, _blk_L(x0, ub0, x0, u0, e0, PREC), 0.))
+    A00 = _inv_diag(tl.where(strict, _blk_L(x0, ub0, x0, u0, e0, PREC), 0.), IPREC, INV_NG)
     _st_A(A, tok0, m0, 0, A00, C)
     if NB >= 2:
         x1, e1, g1, tok1, xt1, m1 = _ld_blk(X, ETA, G, b, h, n * C + 16, T, XT, XOFF, H, K, BK, GROUP, GATHER)
         u1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
         ub1 = u1 - _gfirst(g1, j, GROUP)
         L10 = _blk_L(x1, ub1, x0, u0, e0, PREC)
-        A11 = _inv16(tl.where(strict, _blk_L(x1, ub1, x1, u1, e1, PREC), 0.))
+        A11 = _inv_diag(tl.where(strict, _blk_L(x1, ub1, x1, u1, e1, PREC), 0.), IPREC, INV_NG)
         A10 = -tl.dot(A11, tl.dot(L10, A00, input_precision=IPREC), input_precision=IPREC)
         _st_A(A, tok0, m0, 16, zero, C)
         _st_A(A, tok1, m1, 0, A10, C)
@@ -241,8 +291,8 @@ def _fwd_prep(X, VV, ETA, G, A, WT, VT, T, XT, XOFF, H: tl.constexpr, K: tl.cons
         L30 = _blk_L(x3, ub3, x0, u0, e0, PREC)
         L31 = _blk_L(x3, ub3, x1, u1, e1, PREC)
         L32 = _blk_L(x3, ub3, x2, u2, e2, PREC)
-        A22 = _inv16(tl.where(strict, _blk_L(x2, ub2, x2, u2, e2, PREC), 0.))
-        A33 = _inv16(tl.where(strict, _blk_L(x3, ub3, x3, u3, e3, PREC), 0.))
+        A22 = _inv_diag(tl.where(strict, _blk_L(x2, ub2, x2, u2, e2, PREC), 0.), IPREC, INV_NG)
+        A33 = _inv_diag(tl.where(strict, _blk_L(x3, ub3, x3, u3, e3, PREC), 0.), IPREC, INV_NG)
         A21 = -tl.dot(A22, tl.dot(L21, A11, input_precision=IPREC), input_precision=IPREC)
         A20 = -tl.dot(A22, tl.dot(L20, A00, input_precision=IPREC) + tl.dot(L21, A10, input_precision=IPREC),
                       input_precision=IPREC)
@@ -918,8 +968,12 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         VT = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
         R = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
         iprec = prec if (q.dtype == torch.float32 or dev.type == "cpu") else "tf32"
+        ng = inv_groups(group)
+        if ng and dev.type == "cuda" and not UNPROVEN:
+            raise RuntimeError("FALCON_TRITON_A_INV=prod is not yet proven on the H200; it runs on CUDA only with "
+                               "FALCON_TRITON_UNPROVEN=1 (=subst is proven)")
         _fwd_prep[(NT, B * H)](x, v, eta, g, A, WT, VT, T, XT, xoff, H, K, V, C, BK, BVo, prec, iprec, group, gather,
-                               *va, **st)
+                               *va, ng, **st)
     else:
         A = WT = VT = R = eta  # never read (constexpr-disabled branches)
     HS = torch.empty(B, H, NT, K, V, dtype=state_dtype(q.dtype), device=dev)

@@ -38,7 +38,7 @@ import triton.language as tl
 from . import common
 from .common import (_chunk_rows, _empty, _np2, _state_init, _state_put, _state_tile, _state_tile_k, _varlen_chunk,
                      _varlen_seq, cdiv, launch, linear_state_tiles, varlen_args)
-from .host import env_choice
+from .host import UNPROVEN, env_choice
 
 SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per program)
 # The intra-chunk term: "blocked" (16-row sub-blocks, the off-diagonal blocks as tensor-core dots: ours, the default)
@@ -82,6 +82,18 @@ ROWS_BV = env_choice("FALCON_TRITON_2A_ROWS_BV", "32", ("32", "16"),
 # sixteenth session: the 2A and 2 sweeps 58/58 on the H200, Falcon-2A 0.82-0.92x and Falcon-2 0.94-0.99x the time in
 # one process at the four shapes, +96-144 MB peak) or "block" (one program per sub-block, its value tiles in turn;
 # proven).
+# The blocked backward's intra-chunk pass (ours): "split" (_pc_bwd_rows, then _pc_bwd_cols: 2·NB programs per chunk
+# and value tile, each loading the chunk's keys, g and U; proven, the default) or "fused" (_pc_bwd_intra: one program per
+# chunk and value tile, the sub-blocks last to first, the later blocks' part of du through a [K, BV] sum; written
+# 2026-12-04, twenty-second session, after the H200 profile put _pc_bwd_rows + _pc_bwd_cols at 2.18 of Falcon-2A's
+# 4.4 ms at (16, 2048, 12, 64); interpreter-tested, not yet run on a GPU: on CUDA only with FALCON_TRITON_UNPROVEN=1).
+BWD_INTRA = env_choice("FALCON_TRITON_2A_BWD_INTRA", "split", ("split", "fused"),
+                       "Falcon-2A/-2: the blocked backward's intra-chunk pass as two kernels (proven) or one (unproven)")
+# _pc_bwd_intra's launch (ours; offline ptxas for sm_90 with Triton 3.6, 2026-12-04, `ptx_fingerprint.py --stage cubin`):
+# at 8 warps with 32-column tiles bf16 K = 64 compiles without a stack (255 registers; 304 B of stack at 4 warps) and
+# K = 128 with 168 B (584 B at 4 warps; 16-column tiles were no better). Not timed: switch_ab.py can set FUSED_WARPS.
+FUSED_BV = 32
+FUSED_WARPS = 8
 ROWS_GRID = env_choice("FALCON_TRITON_2A_ROWS_GRID", "tile", ("tile", "block"),
                        "Falcon-2A/-2: _pc_bwd_rows per sub-block and value tile, or per sub-block")
 # The diagonal [16, 16] blocks of the blocked intra-chunk term (ours, 2026-12-04, twentieth session): "broadcast" (the
@@ -642,6 +654,111 @@ def _pc_bwd_cols(Q, X, VV, ETA, G, DO, DU, DGU, T, H: tl.constexpr, K: tl.conste
 
 
 @triton.jit
+def _pc_bwd_intra(Q, X, VV, ETA, G, DO, DU, DGU, DGR, MM, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
+                  CU, CIDX, COFF, VARLEN: tl.constexpr, NMP: tl.constexpr, DSPAN: tl.constexpr, D32: tl.constexpr,
+                  DPREC: tl.constexpr, DU_FRESH: tl.constexpr):
+    """_pc_bwd_rows and _pc_bwd_cols in one program per chunk and value tile (BWD_INTRA="fused", ours): the chunk's
+    keys, g, U and the tile's log-prefix are loaded once instead of by 2·NB programs, and the sub-blocks a run last to
+    first. Block a's rows (M's rows into slot vb of MM's NMP parts, DGR) as in _pc_bwd_rows; its source rows' du from
+    the later blocks through a [K, BV] sum instead of one [16, 16] dot per block pair:
+        du_s = e^{ρ_{a+1} - u_s} (x_s · Gs_a),   Gs_a = Σ_{a' > a} e^{ρ_a' - ρ_{a+1}} q_a'ᵀ (e^{ur - ρ_a'} ⊙ dO)_a'
+    (ρ_a the log-prefix before block a, ρ_{a+1} after it; every exponent <= 0), Gs_{a-1} = Y_a + e^{ρ_{a+1} - ρ_a} Gs_a
+    with Y_a = q_aᵀ (e^{ur - ρ_a} ⊙ dO)_a, plus the diagonal block's du as in _pc_bwd_cols (split or broadcast).
+    Grid: (value tiles, chunks, B·H)."""
+    NB: tl.constexpr = C // 16
+    vb = tl.program_id(0)
+    n = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    if VARLEN:
+        _s, n, bos, T, _c = _varlen_chunk(CU, CIDX, COFF, n)
+        Q += bos * H * K
+        X += bos * H * K
+        VV += bos * H * V
+        ETA += bos * H * V
+        G += bos * H * V
+        DO += bos * H * V
+        DU += bos * H * V
+        DGU += bos * H * V
+        DGR += bos * H * V
+        MM += bos * H * (C * NMP)
+    MM += vb * C
+    i = tl.arange(0, C)
+    j = tl.arange(0, 16)
+    rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
+    ck = tl.arange(0, BK)
+    kmask = ck < K
+    cv = vb * BV + tl.arange(0, BV)
+    vmask = cv < V
+    vm = rmask[:, None] & vmask[None, :]
+    off = tok[:, None] * V + cv[None, :]
+    causal = _causal16(j, READ_AFTER)
+    Gs = tl.zeros([BK, BV], dtype=tl.float32)
+    for r in range(0, NB):
+        a = NB - 1 - r
+        # the chunk's rows are (re)loaded in each step, from L2: only Gs lives across the steps (keeping x, g, U and
+        # u in registers through the loop spilled at K = 128, offline ptxas for sm_90)
+        x = tl.load(X + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+        dt = x.dtype
+        g = tl.load(G + off, mask=vm, other=0.)
+        _r, ma, ta, _x = _chunk_rows(b, h, n * NB + a, j, T, T, 0, H, 16)
+        ka = ma[:, None] & kmask[None, :]
+        va = ma[:, None] & vmask[None, :]
+        offa = ta[:, None] * V + cv[None, :]
+        qa = tl.load(Q + ta[:, None] * K + ck[None, :], mask=ka, other=0.)
+        xa = tl.load(X + ta[:, None] * K + ck[None, :], mask=ka, other=0.)
+        ga = tl.load(G + offa, mask=va, other=0.)
+        Ua = tl.load(VV + offa, mask=va, other=0.).to(tl.float32) * tl.load(ETA + offa, mask=va, other=0.)
+        doa = tl.load(DO + offa, mask=va, other=0.).to(tl.float32)
+        rho, ua, ura = _blk_prefix(g, ga, i, a, READ_AFTER)
+        rho1 = rho + tl.sum(ga, 0)  # the log-prefix after the block
+        Paa = tl.where(causal, tl.dot(qa, tl.trans(xa), input_precision=PREC), 0.)  # [i, s]
+        ok = False  # DIAG="split" (DSPAN > 0; see _split_refs)
+        if DSPAN > 0:
+            er0, er1, ec0, ec1, ok = _split_refs(rho, ua, ura, j, DSPAN)
+        if ok:
+            ddt = tl.float32 if D32 else dt
+            B0 = (Ua * ec0).to(ddt)
+            B1 = (Ua * ec1).to(ddt)
+            Pd = Paa.to(ddt)
+            D0 = (doa * er0).to(ddt)
+            D1 = (doa * er1).to(ddt)
+            Mdiag = tl.dot(D0, tl.trans(B0), input_precision=DPREC) + tl.dot(D1, tl.trans(B1), input_precision=DPREC)
+            dgr = doa * (er0 * tl.dot(Pd, B0, input_precision=DPREC) + er1 * tl.dot(Pd, B1, input_precision=DPREC))
+            PT = tl.trans(Paa).to(ddt)
+            du = ec0 * tl.dot(PT, D0, input_precision=DPREC) + ec1 * tl.dot(PT, D1, input_precision=DPREC)
+        else:  # the broadcast, with at most two [16, 16, BV] tensors alive: E3 until F3 = P ⊙ E3 replaces it
+            E3 = tl.exp(tl.minimum(ura[:, None, :] - ua[None, :, :], 0.))
+            Mdiag = tl.sum(E3 * Ua[None, :, :] * doa[:, None, :], 2)
+            F3 = Paa[:, :, None] * E3
+            dgr = doa * tl.sum(F3 * Ua[None, :, :], 1)
+            du = tl.sum(F3 * doa[:, None, :], 0)
+        alpha_do = tl.exp(tl.minimum(ura - rho[None, :], 0.)) * doa
+        before = i < a * 16
+        U = tl.load(VV + off, mask=vm, other=0.).to(tl.float32) * tl.load(ETA + off, mask=vm, other=0.)
+        u = tl.cumsum(g, 0)
+        betaU = (tl.where(before[:, None], tl.exp(tl.minimum(rho[None, :] - u, 0.)), 0.) * U).to(dt)
+        Poff = tl.where(before[None, :], tl.dot(qa, tl.trans(x), input_precision=PREC), 0.)
+        Moff = tl.dot(alpha_do.to(dt), tl.trans(betaU), input_precision=PREC)
+        dgr += alpha_do * tl.dot(Poff.to(dt), betaU, input_precision=PREC)
+        tl.store(DGR + offa, dgr, mask=va)
+        # M's rows of block a in two stores to disjoint columns (see _pc_bwd_rows)
+        offdiag = (i < a * 16) | (i >= a * 16 + 16)
+        tl.store(MM + ta[:, None] * (C * NMP) + i[None, :], Moff, mask=ma[:, None] & offdiag[None, :])
+        tl.store(MM + ta[:, None] * (C * NMP) + (a * 16 + j)[None, :], tl.where(causal, Mdiag, 0.), mask=ma[:, None])
+        # the later blocks' part of du (Gs is zero for the last block)
+        du += tl.exp(tl.minimum(rho1[None, :] - ua, 0.)) * tl.dot(xa, Gs.to(dt), input_precision=PREC)
+        if DU_FRESH:
+            tl.store(DU + offa, du, mask=va)
+        else:
+            tl.store(DU + offa, tl.load(DU + offa, mask=va, other=0.) + du, mask=va)
+        tl.store(DGU + offa, -Ua * du, mask=va)
+        Gs = tl.exp(rho1 - rho)[None, :] * Gs + tl.dot(tl.trans(qa), alpha_do.to(dt), input_precision=PREC)
+
+
+@triton.jit
 def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, DG, T, NT,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                  BV: tl.constexpr, SB: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr, CU, CIDX, COFF,
@@ -788,8 +905,9 @@ def fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, v
 def bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K, V, C, BK, BVm,
                    read_after, prec, va, st, state_du=False):
     """The per-chunk backward after the reverse state pass (DU holds the state part of dU): by default (blocked; ours)
-    _pc_bwd_rows (M, DGR) and _pc_bwd_cols (DU's intra part, DGU) first, then _pc_bwd_main without its broadcast
-    pass; with FALCON_TRITON_2A=exact, _pc_bwd_main alone. Falcon-2 calls it with R for v. state_du (the key-split
+    _pc_bwd_rows (M, DGR) and _pc_bwd_cols (DU's intra part, DGU) first (or both in _pc_bwd_intra:
+    FALCON_TRITON_2A_BWD_INTRA=fused), then _pc_bwd_main without its broadcast pass; with FALCON_TRITON_2A=exact,
+    _pc_bwd_main alone. Falcon-2 calls it with R for v. state_du (the key-split
     state pass, blocked only): DU starts empty, _pc_bwd_cols stores its intra part and _pc_bwd_main adds the state
     part from DHS."""
     B = q.shape[0]
@@ -799,15 +917,23 @@ def bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta,
     if blocked:
         NB = C // 16
         BVi = min(32, _np2(V))
-        BVr = min(int(ROWS_BV), _np2(V))
-        tiled = ROWS_GRID == "tile"
-        NMP = cdiv(V, BVr) if tiled else 1  # M's parts, one per value tile, summed in _pc_bwd_main
-        MM = torch.empty(B, T, H, NMP, C, dtype=torch.float32, device=q.device)
         dg_args = diag_args(q.dtype, prec)
-        _pc_bwd_rows[(NT * NB, B * H, NMP)](q, x, v, eta, g, dO, DGR, MM, T, H, K, V, C, BK, BVr, read_after, prec,
-                                           *va, NMP, *dg_args, num_warps=4 if NMP > 1 else 8, **st)
-        _pc_bwd_cols[(cdiv(V, BVi), NT * NB, B * H)](q, x, v, eta, g, dO, DU, DGU, T, H, K, V, C, BK, BVi, read_after,
-                                                    prec, *va, *dg_args, state_du, num_warps=4, **st)
+        fused = BWD_INTRA == "fused"
+        if fused and q.device.type == "cuda" and not UNPROVEN:
+            raise RuntimeError("FALCON_TRITON_2A_BWD_INTRA=fused is not yet proven on the H200; it runs on CUDA only "
+                               "with FALCON_TRITON_UNPROVEN=1 (=split is proven)")
+        BVr = min(FUSED_BV, _np2(V)) if fused else min(int(ROWS_BV), _np2(V))
+        NMP = cdiv(V, BVr) if fused or ROWS_GRID == "tile" else 1  # M's parts, one per value tile, summed in main
+        MM = torch.empty(B, T, H, NMP, C, dtype=torch.float32, device=q.device)
+        if fused:
+            _pc_bwd_intra[(NMP, NT, B * H)](q, x, v, eta, g, dO, DU, DGU, DGR, MM, T, H, K, V, C, BK, BVr, read_after,
+                                            prec, *va, NMP, *dg_args, state_du, num_warps=FUSED_WARPS,
+                                            **st)
+        else:
+            _pc_bwd_rows[(NT * NB, B * H, NMP)](q, x, v, eta, g, dO, DGR, MM, T, H, K, V, C, BK, BVr, read_after,
+                                               prec, *va, NMP, *dg_args, num_warps=4 if NMP > 1 else 8, **st)
+            _pc_bwd_cols[(cdiv(V, BVi), NT * NB, B * H)](q, x, v, eta, g, dO, DU, DGU, T, H, K, V, C, BK, BVi,
+                                                        read_after, prec, *va, *dg_args, state_du, num_warps=4, **st)
     elif state_du:
         raise ValueError("the key-split state pass (FALCON_TRITON_LINEAR_KSPLIT=on) needs the blocked intra-chunk term")
     _pc_bwd_main[(NT, B * H)](q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K,
