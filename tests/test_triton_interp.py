@@ -125,6 +125,15 @@ AINV = [("F1-C64-T65", dict(delta=True, C=64, T=65, B=1, H=1, K=32, V=32)),
         ("F3-gather-W8-fp16", dict(delta=True, W=8, T=23, K=16, V=16, dtype="float16", fused=True)),
         ("F3-expand-W4", dict(delta=True, W=4, T=23, fused=False))]
 CASES += [_c(f"ainv-prod-{n}", a_inv="prod", seed=230 + i, **kw) for i, (n, kw) in enumerate(AINV)]
+# the backward's dU buffer in the inputs' dtype (du_dtype="input": FALCON_TRITON_DU_DTYPE=input, ours, opt-in and
+# unproven; fp16 here, so the buffer is rounded twice as fla's dv is): Falcon-1 and -1A both read orders, Falcon-3 in
+# place, Falcon-3A's delayed form (its Falcon-1A scan), the key-split pass (DU written after it), packed Falcon-1
+DUD = [("F1-fp16-C64", dict(delta=True, C=64, T=65, B=1, H=1, K=32, V=32)),
+       ("F1A-fp16-before-C32", dict(delta=False, C=32, T=45, after=False)),
+       ("F3-gather-W4-fp16-C64", dict(delta=True, W=4, C=64, T=40, B=1, H=2, K=32, V=16, fused=True)),
+       ("F3A-delayed-W4-fp16", dict(delta=False, W=4, fused=True, delayed=True)),
+       ("F1A-fp16-ksplit-K32", dict(delta=False, K=32, ksplit=True))]
+CASES += [_c(f"du-input-{n}", du_dtype="input", dtype="float16", seed=240 + i, **kw) for i, (n, kw) in enumerate(DUD)]
 # Falcon-3 on its host expansion (fused_window=False: FALCON_TRITON_3=expand, and every packed call)
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9, fused=False))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10,
@@ -361,6 +370,8 @@ VARLEN.append(dict(id="varlen-native-F2A-C64-fused-intra-before", varlen=True, v
                    read="before", shift=False, seed=74, bwd_intra="fused"))
 VARLEN.append(dict(id="varlen-native-F1-float16-C64-ainv-prod", varlen=True, variant="1", dtype="float16", C=64,
                    seed=76, a_inv="prod"))
+VARLEN.append(dict(id="varlen-native-F1-float16-C32-du-input", varlen=True, variant="1", dtype="float16", C=32,
+                   seed=77, du_dtype="input"))
 VARLEN += [dict(id=f"varlen-native-F{v}-C32-rowsblock", varlen=True, variant=v, dtype="float32", C=32, seed=66 + i,
                 rows_grid="block") for i, v in enumerate(("2A", "2"))]
 VARLEN += [dict(id=f"varlen-native-F2-C32-{sv}", varlen=True, variant="2", dtype="float32", C=32, seed=68 + i,
@@ -597,6 +608,8 @@ SWITCHES = [
      "FALCON_TRITON_FP32_DOT must be 'tf32x3', 'ieee' or 'tf32', got 'fp64'"),
     (KT + "chunk", "A_INV", "FALCON_TRITON_A_INV", "subst", "product",
      "FALCON_TRITON_A_INV must be 'subst' or 'prod', got 'product'"),
+    (KT + "chunk", "DU_DTYPE", "FALCON_TRITON_DU_DTYPE", "fp32", "bf16",
+     "FALCON_TRITON_DU_DTYPE must be 'fp32' or 'input', got 'bf16'"),
     (KT + "chunk", "DQ_SUM", "FALCON_TRITON_3_DQ_SUM", "kernel", "gpu",
      "FALCON_TRITON_3_DQ_SUM must be 'kernel' or 'host', got 'gpu'"),
     (KT + "pair_sum", "PAIR_SUM", "FALCON_TRITON_3_PAIR_SUM", "triton", "cuda",

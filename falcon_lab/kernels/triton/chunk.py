@@ -95,6 +95,22 @@ A_INV = env_choice("FALCON_TRITON_A_INV", "subst", ("subst", "prod"),
                    "Falcon-1/-3: _fwd_prep's diagonal-block inverses by substitution (proven) or as a product of dots")
 
 
+# The backward's dU buffer (ours): "fp32" (proven, the default) or "input" (the inputs' dtype, as fla keeps its dv
+# between chunk_bwd_dv_local and the reverse state pass): _bwd_dul (or _bwd_dul_state) writes dU's intra part,
+# _bwd_state adds its state part in fp32 and stores it rounded, _bwd_cc reads it. Every kernel computes in fp32 and only
+# the buffer changes (its loads are promoted), so the fp32 builds' code is unchanged. Half its bytes: at
+# (16, 2048, 12, 64) bf16 101 MB for Falcon-1, W times that for Falcon-3's pseudo-tokens (its largest backward buffer,
+# written twice and read twice). Written 2026-12-04 (twenty-second session); interpreter-tested, not yet run on a GPU
+# (on CUDA only with FALCON_TRITON_UNPROVEN=1).
+DU_DTYPE = env_choice("FALCON_TRITON_DU_DTYPE", "fp32", ("fp32", "input"),
+                      "Falcon-1/-1A/-3: the backward's dU buffer in fp32 (proven) or the inputs' dtype")
+
+
+def du_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the backward's dU buffer for inputs of `dtype` (DU_DTYPE)."""
+    return dtype if DU_DTYPE == "input" else torch.float32
+
+
 def inv_groups(group: int) -> int:
     """_fwd_prep's INV_NG: 0 (substitution) or, with A_INV="prod", the power at which the diagonal blocks' L
     vanishes: the groups of `group` rows in a 16-row block (16 when `group` does not divide 16)."""
@@ -1001,8 +1017,11 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     XT = x.shape[1] if cu_seqlens is None else (x.shape[1] - T) // NS  # packed: each sequence's carried pair rows
     f32 = torch.float32
     DU = None
+    if DU_DTYPE != "fp32" and dev.type == "cuda" and not UNPROVEN:
+        raise RuntimeError("FALCON_TRITON_DU_DTYPE=input is not yet proven on the H200; it runs on CUDA only with "
+                           "FALCON_TRITON_UNPROVEN=1 (=fp32 is proven)")
     if NKB == 1:  # DU's intra part first, its state part added by _bwd_state
-        DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        DU = torch.empty(B, T, H, V, dtype=du_dtype(q.dtype), device=dev)
         _bwd_dul[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,
                                             read_after, prec, group, gather, *va, **st)
     DHS = torch.empty(B, H, NT, K, V, dtype=state_dtype(q.dtype), device=dev)
@@ -1012,7 +1031,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
         DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BKs, BVs, delta, read_after,
         dST is not None, need_ds0, prec, group, gather, *va, NKB, **state_opts(st))
     if NKB > 1:  # the key-split linear pass (LINEAR_KSPLIT): all of DU after it, from DHS
-        DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
+        DU = torch.empty(B, T, H, V, dtype=du_dtype(q.dtype), device=dev)
         _bwd_dul_state[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, DHS, T, XT, xoff, NT, H, K, V, C, BK, BVo,
                                                   read_after, prec, *va, **st)
     # The gradients and scratch are allocated just before the kernel that writes them first, and each fp32 buffer is
