@@ -247,6 +247,11 @@ FUSED = [("F2A-C64-V48", dict(delta=False, C=64, T=70, B=1, V=48)),
          ("F2-fp16-C64-no-S0", dict(delta=True, C=64, T=70, B=1, H=1, K=32, dtype="float16", s0=False)),
          ("F2A-ksplit-C64-K32", dict(delta=False, C=64, T=70, B=1, K=32, ksplit=True))]
 CASES += [_c(f"fused-intra-{n}", per_col=True, bwd_intra="fused", seed=220 + i, **kw) for i, (n, kw) in enumerate(FUSED)]
+# ... and the forward's inter-chunk term inside the sub-block kernel (fwd_inter="fold": FALCON_TRITON_2A_FWD_INTER=fold,
+# ours, opt-in and unproven): with the fused backward (the pair the next A/B times together), both read orders,
+# masked tiles, fp16, Falcon-2, packed sequences
+CASES += [_c(f"fold-inter-{n}", per_col=True, bwd_intra="fused", fwd_inter="fold", seed=250 + i, **kw)
+          for i, (n, kw) in enumerate(FUSED[:2] + FUSED[4:6])]
 CASES.append(_c("F2-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=18))
 CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
                 strong=True, s0=False, no_dst=True, seed=19, intra="exact"))
@@ -367,7 +372,7 @@ VARLEN += [dict(id=f"varlen-native-F3-{dt}-C{C}-{rd}", varlen=True, variant="3",
 VARLEN += [dict(id=f"varlen-native-F{v}-C64-chunkgrid-rows16", varlen=True, variant=v, dtype="float32", C=64,
                 seed=64 + i, fwd_grid="chunk", rows_bv="16") for i, v in enumerate(("2A", "2"))]
 VARLEN.append(dict(id="varlen-native-F2A-C64-fused-intra-before", varlen=True, variant="2A", dtype="float16", C=64,
-                   read="before", shift=False, seed=74, bwd_intra="fused"))
+                   read="before", shift=False, seed=74, bwd_intra="fused", fwd_inter="fold"))
 VARLEN.append(dict(id="varlen-native-F1-float16-C64-ainv-prod", varlen=True, variant="1", dtype="float16", C=64,
                    seed=76, a_inv="prod"))
 VARLEN.append(dict(id="varlen-native-F1-float16-C32-du-input", varlen=True, variant="1", dtype="float16", C=32,
@@ -604,6 +609,8 @@ SWITCHES = [
      "FALCON_TRITON_2A_ROWS_GRID must be 'tile' or 'block', got 'tiles'"),
     (KT + "percol", "BWD_INTRA", "FALCON_TRITON_2A_BWD_INTRA", "split", "fuse",
      "FALCON_TRITON_2A_BWD_INTRA must be 'split' or 'fused', got 'fuse'"),
+    (KT + "percol", "FWD_INTER", "FALCON_TRITON_2A_FWD_INTER", "kernel", "folded",
+     "FALCON_TRITON_2A_FWD_INTER must be 'kernel' or 'fold', got 'folded'"),
     (KT + "common", "FP32_DOT", "FALCON_TRITON_FP32_DOT", "tf32x3", "fp64",
      "FALCON_TRITON_FP32_DOT must be 'tf32x3', 'ieee' or 'tf32', got 'fp64'"),
     (KT + "chunk", "A_INV", "FALCON_TRITON_A_INV", "subst", "product",

@@ -203,6 +203,7 @@ if __name__ == "__main__":
     default_rows_bv = kpercol.ROWS_BV
     default_rows_grid = kpercol.ROWS_GRID
     default_bwd_intra = kpercol.BWD_INTRA
+    default_fwd_inter = kpercol.FWD_INTER
     default_diag, default_spans = kpercol.DIAG, dict(kpercol.DIAG_SPANS)
     default_pair_sum = kpair.PAIR_SUM
     default_state_bv = kcommon.STATE_BV
@@ -234,6 +235,7 @@ if __name__ == "__main__":
         kpercol.ROWS_BV = c.get("rows_bv", default_rows_bv)  # what FALCON_TRITON_2A_ROWS_BV sets
         kpercol.ROWS_GRID = c.get("rows_grid", default_rows_grid)  # what FALCON_TRITON_2A_ROWS_GRID sets
         kpercol.BWD_INTRA = c.get("bwd_intra", default_bwd_intra)  # what FALCON_TRITON_2A_BWD_INTRA sets
+        kpercol.FWD_INTER = c.get("fwd_inter", default_fwd_inter)  # what FALCON_TRITON_2A_FWD_INTER sets
         kpercol.DIAG = c.get("diag", default_diag)  # what FALCON_TRITON_2A_DIAG sets
         kpercol.DIAG_SPANS = dict(default_spans, **c.get("diag_spans", {}))  # a lower bound reaches the fallback
         kpair.PAIR_SUM = c.get("pair_sum", default_pair_sum)  # what FALCON_TRITON_3_PAIR_SUM sets

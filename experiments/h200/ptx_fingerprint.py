@@ -46,7 +46,9 @@ def _normalise(code: str, name: str) -> str:
     """PTX or TTIR without comments, line info and locations, the kernel's name replaced."""
     out = []
     for line in code.splitlines():
-        s = re.sub(r"\s*loc\((#loc\d*|\"[^\"]*\"(:\d+)*|unknown)\)", "", line.strip())
+        # locations, also the callsite(#locA at #locB) ones on block arguments (their numbers move when lines do)
+        s = re.sub(r"\s*loc\((#loc\d*|\"[^\"]*\"(:\d+)*|unknown|callsite\(#loc\d* at #loc\d*\))\)", "",
+                   line.strip())
         if not s or s.startswith(("//", ".loc", ".file", "#loc")):
             continue
         out.append(s)

@@ -64,6 +64,14 @@ FWD_GRID = env_choice("FALCON_TRITON_2A_FWD_GRID", "block", ("block", "chunk"),
 # 128), (4, 8192, 12, 64), (16, 2048, 6, 128); 8 warps were slower (1.04-1.08x with 64 columns, 1.13-1.18x with 32).
 # The default since then, proven at 8c614f9 (all 29 rows of `bench check --variants 2A` and of `--variants 2`,
 # kernels_2026-12-04b/call3-4; 8 warps with 64 columns passed the 2A sweep too, at 28242485).
+# The forward's inter-chunk term (ours): "kernel" (_pc_fwd_inter writes e^{ur} ⊙ (q S) to an fp32 OF that
+# _pc_fwd_intra_sb adds; proven, the default) or "fold" (_pc_fwd_intra_sb forms it from HS itself: one launch and
+# OF's write and read fewer; _pc_fwd_inter took 0.09 of Falcon-2A's 4.4 ms at (16, 2048, 12, 64), kernels_2026-12-04e/
+# call1). Written 2026-12-04 (twenty-second session); interpreter-tested, not yet run on a GPU (on CUDA only with
+# FALCON_TRITON_UNPROVEN=1). Falcon-2 shares it.
+FWD_INTER = env_choice("FALCON_TRITON_2A_FWD_INTER", "kernel", ("kernel", "fold"),
+                       "Falcon-2A/-2: the forward's inter-chunk term in its own kernel (proven) or in the sub-block "
+                       "kernel")
 FWD_SB_WARPS = env_choice("FALCON_TRITON_2A_FWD_SB_WARPS", "4", ("4", "8"),
                           "Falcon-2A/-2: _pc_fwd_intra_sb's warps (proven: 4; 8 with 64-column tiles)")
 FWD_SB_BV = env_choice("FALCON_TRITON_2A_FWD_SB_BV", "64", ("32", "64"),
@@ -362,11 +370,12 @@ def _pc_fwd_intra_blk(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constex
 def _pc_fwd_intra_sb(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr,
                      PREC: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr, DSPAN: tl.constexpr, D32: tl.constexpr,
-                     DPREC: tl.constexpr):
+                     DPREC: tl.constexpr, HS, NT, INTER: tl.constexpr = False):
     """_pc_fwd_intra_blk's arithmetic with one program per sub-block instead of per chunk (ours, FWD_GRID="block", the
     default), laid out as _pc_bwd_cols: the 16 rows of sub-block a of a chunk and one value tile, its diagonal
     [16, 16, BV] broadcast, then its rows against the earlier rows (loaded masked to them) as one tensor-core dot.
-    Grid: (value tiles, chunks·NB, B·H)."""
+    Grid: (value tiles, chunks·NB, B·H). INTER (FWD_INTER="fold", ours): the inter-chunk term e^{ur} ⊙ (q S) of the
+    block's rows from the chunk's state HS[n] here, instead of _pc_fwd_inter's OF."""
     NB: tl.constexpr = C // 16
     vb = tl.program_id(0)
     pid = tl.program_id(1)
@@ -384,6 +393,8 @@ def _pc_fwd_intra_sb(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexp
         G += bos * H * V
         OF += bos * H * V
         O += bos * H * V
+        if INTER:
+            HS += _c * K * V
     i = tl.arange(0, C)
     j = tl.arange(0, 16)
     rows, rmask, tok, _ = _chunk_rows(b, h, n, i, T, T, 0, H, C)
@@ -424,7 +435,12 @@ def _pc_fwd_intra_sb(Q, X, VV, ETA, G, OF, O, T, H: tl.constexpr, K: tl.constexp
         Wt = tl.where(before[:, None], tl.exp(tl.minimum(rho[None, :] - u, 0.)), 0.) * U
         Poff = tl.dot(qa, tl.trans(x), input_precision=PREC)  # x is zero from the block on
         intra += tl.exp(tl.minimum(ura - rho[None, :], 0.)) * tl.dot(Poff.to(dt), Wt.to(dt), input_precision=PREC)
-    of = tl.load(OF + offa, mask=va, other=0.)
+    if INTER:
+        S = tl.load(HS + (bh.to(tl.int64) * NT + n) * K * V + ck[:, None] * V + cv[None, :],
+                    mask=kmask[:, None] & vmask[None, :], other=0.)
+        of = tl.dot(qa, S.to(dt), input_precision=PREC) * tl.exp(ura)
+    else:
+        of = tl.load(OF + offa, mask=va, other=0.)
     tl.store(O + offa, (of + intra).to(O.dtype.element_ty), mask=va)
 
 
@@ -883,16 +899,38 @@ def _pc_bwd_main(Q, X, VV, ETA, G, HS, DHS, DO, DU, DGR, DGU, DQ, DX, DV, DETA, 
     tl.store(DX + tok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
 
 
-def fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, va, st):
+def fwd_out(q, x, v, eta, g, HS, T, NT, H, K, V, C, BK, BVo, read_after, prec, va, st):
+    """The read-out O from the per-chunk states HS (Falcon-2A; Falcon-2 with R for v): the inter-chunk term into OF
+    (_pc_fwd_inter), then fwd_intra; or, with FWD_INTER="fold" (the blocked sub-block grid only), both in
+    _pc_fwd_intra_sb."""
+    B = q.shape[0]
+    O = _empty((B, T, H, V), q.dtype, q.device)
+    fold = FWD_INTER == "fold" and INTRA == "blocked" and FWD_GRID == "block"
+    if fold and q.device.type == "cuda" and not UNPROVEN:
+        raise RuntimeError("FALCON_TRITON_2A_FWD_INTER=fold is not yet proven on the H200; it runs on CUDA only with "
+                           "FALCON_TRITON_UNPROVEN=1 (=kernel is proven)")
+    if fold:
+        fwd_intra(q, x, v, eta, g, O, O, T, NT, H, K, V, C, BK, read_after, prec, va, st, HS=HS)
+        return O
+    OF = torch.empty(B, T, H, V, dtype=torch.float32, device=q.device)
+    _pc_fwd_inter[(cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
+                                             prec, *va, **st)
+    fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, va, st)
+    return O
+
+
+def fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, va, st, HS=None):
     """O = OF + the intra-chunk term: by 16-row sub-blocks with tensor-core dots between them, one program per
     sub-block (_pc_fwd_intra_sb; the default, ours) or per chunk (_pc_fwd_intra_blk, FWD_GRID="chunk"), or, with
-    FALCON_TRITON_2A=exact, the [C, C, 4]-column broadcast. All three proven on the H200. B = O.shape[0]."""
+    FALCON_TRITON_2A=exact, the [C, C, 4]-column broadcast. All three proven on the H200. B = O.shape[0]. HS given
+    (sub-block grid only; fwd_out's fold): the inter-chunk term from HS instead of OF (OF unread)."""
     B = O.shape[0]
     BVi = min(32, _np2(V))  # the blocked term's value tile
     if INTRA == "blocked" and FWD_GRID == "block":
         BVi = min(int(FWD_SB_BV), _np2(V))
         _pc_fwd_intra_sb[(cdiv(V, BVi), NT * (C // 16), B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, BVi,
                                                                 read_after, prec, *va, *diag_args(q.dtype, prec),
+                                                                HS if HS is not None else q, NT, HS is not None,
                                                                 num_warps=int(FWD_SB_WARPS), **st)
     elif INTRA == "blocked":
         _pc_fwd_intra_blk[(cdiv(V, BVi), NT, B * H)](q, x, v, eta, g, OF, O, T, H, K, V, C, BK, BVi, read_after,
@@ -962,11 +1000,7 @@ def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_seqlens
     BKs, BVs, NKB = _state_tiles(BK, BVs, K, V, NS * H, q.dtype)
     _pc_fwd_state[(cdiv(V, BVs) * NKB, NS * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, ST, T, NT,
                                                 H, K, V, C, BKs, BVs, S0 is not None, prec, *va, NKB, **st)
-    OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
-    _pc_fwd_inter[(cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
-                                             prec, *va, **st)
-    O = _empty((B, T, H, V), q.dtype, dev)
-    fwd_intra(q, x, v, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, va, st)
+    O = fwd_out(q, x, v, eta, g, HS, T, NT, H, K, V, C, BK, BVo, read_after, prec, va, st)
     return O, ST, (HS,)
 
 

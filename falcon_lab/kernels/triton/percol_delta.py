@@ -39,7 +39,7 @@ from .chunk import a_dtype
 from .common import (_chunk_rows, _empty, _np2, _prec, _state_init, _state_put, _state_tile, _varlen_chunk,
                      _varlen_seq, cdiv, launch, varlen_args)
 from .host import SWITCHES, UNPROVEN, env_choice, env_value
-from .percol import SB, _pc_fwd_inter, bwd_intra_main, fwd_intra
+from .percol import SB, bwd_intra_main, fwd_out
 
 # The per-column solves inside the two sequential state passes (ours): "fwd" (the default since 2026-12-03: the forward
 # pass by SBS = 16-row sub-blocks, the off-diagonal coupling as tensor-core dots through a [K, BV] accumulator, only the
@@ -913,11 +913,7 @@ def percol_delta_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_s
         _pcd_fwd_state_blk[(cdiv(V, BVs), NS * H)](*fargs, 16, eta, 0, pprec, **st)
     else:
         _pcd_fwd_state[(cdiv(V, BVs), NS * H)](*fargs, **st)
-    OF = torch.empty(B, T, H, V, dtype=f32, device=dev)
-    _pc_fwd_inter[(cdiv(V, BVo), NT, B * H)](q, g, HS, OF, T, NT, H, K, V, C, BK, BVo, read_after,
-                                             prec, *va, **st)
-    O = _empty((B, T, H, V), q.dtype, dev)
-    fwd_intra(q, x, RR, eta, g, OF, O, T, NT, H, K, V, C, BK, read_after, prec, va, st)
+    O = fwd_out(q, x, RR, eta, g, HS, T, NT, H, K, V, C, BK, BVo, read_after, prec, va, st)
     # the block inverses for the backward (INV_KEEP="save"), or an empty stand-in: the saved list keeps one arity
     kept = INV if keeps_inv() else torch.empty(0, dtype=f32, device=dev)
     return O, ST, (HS, RR, kept)
