@@ -134,6 +134,21 @@ DUD = [("F1-fp16-C64", dict(delta=True, C=64, T=65, B=1, H=1, K=32, V=32)),
        ("F3A-delayed-W4-fp16", dict(delta=False, W=4, fused=True, delayed=True)),
        ("F1A-fp16-ksplit-K32", dict(delta=False, K=32, ksplit=True))]
 CASES += [_c(f"du-input-{n}", du_dtype="input", dtype="float16", seed=240 + i, **kw) for i, (n, kw) in enumerate(DUD)]
+# the linear state passes split along the sequence (split=L: FALCON_TRITON_LINEAR_SPLIT=on with pieces of L chunks
+# instead of 32, ours, opt-in and unproven; state_split.py): Falcon-1A both read orders, pieces of one and two chunks
+# with a short last piece, the key split too (K = 48 in tiles of 16, a masked value tile), strong decay, no S0 / dS_T,
+# fp16; Falcon-3A's delayed form and its W scans (pair stream read at an offset); `split_off` 0 when every pass split;
+# Falcon-1 (delta) and a packed call, which must not split (`split_on` 0)
+SPLIT = [("F1A-after-L1", dict(delta=False, split=1)),
+         ("F1A-before-C16-T70-L2", dict(delta=False, after=False, T=70, B=1, split=2)),
+         ("F1A-C32-K48-V80-ksplit-L2", dict(delta=False, C=32, T=140, B=1, K=48, V=80, ksplit=True, split=2)),
+         ("F1A-strong-decay-no-S0-no-dST-L1", dict(delta=False, C=16, T=64, B=1, H=1, K=32, strong=True, s0=False,
+                                                   no_dst=True, split=1)),
+         ("F1A-fp16-L2", dict(delta=False, T=70, dtype="float16", split=2)),
+         ("F3A-delayed-W4-L1", dict(delta=False, W=4, fused=True, delayed=True, split=1)),
+         ("F3A-scans-W3-before-L2", dict(delta=False, W=3, after=False, T=70, B=1, fused=False, scans=True, split=2)),
+         ("F1-unsplit", dict(delta=True, split=1, split_none=True))]
+CASES += [_c(f"seqsplit-{n}", seed=260 + i, **kw) for i, (n, kw) in enumerate(SPLIT)]
 # Falcon-3 on its host expansion (fused_window=False: FALCON_TRITON_3=expand, and every packed call)
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9, fused=False))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10,
@@ -377,6 +392,8 @@ VARLEN.append(dict(id="varlen-native-F1-float16-C64-ainv-prod", varlen=True, var
                    seed=76, a_inv="prod"))
 VARLEN.append(dict(id="varlen-native-F1-float16-C32-du-input", varlen=True, variant="1", dtype="float16", C=32,
                    seed=77, du_dtype="input"))
+VARLEN.append(dict(id="varlen-native-F1A-float32-C16-seqsplit-unsplit", varlen=True, variant="1A", dtype="float32", C=16,
+                   seed=78, split=1, split_none=True))
 VARLEN += [dict(id=f"varlen-native-F{v}-C32-rowsblock", varlen=True, variant=v, dtype="float32", C=32, seed=66 + i,
                 rows_grid="block") for i, v in enumerate(("2A", "2"))]
 VARLEN += [dict(id=f"varlen-native-F2-C32-{sv}", varlen=True, variant="2", dtype="float32", C=32, seed=68 + i,
@@ -617,6 +634,8 @@ SWITCHES = [
      "FALCON_TRITON_A_INV must be 'subst' or 'prod', got 'product'"),
     (KT + "chunk", "DU_DTYPE", "FALCON_TRITON_DU_DTYPE", "fp32", "bf16",
      "FALCON_TRITON_DU_DTYPE must be 'fp32' or 'input', got 'bf16'"),
+    (KT + "state_split", "LINEAR_SPLIT", "FALCON_TRITON_LINEAR_SPLIT", "off", "yes",
+     "FALCON_TRITON_LINEAR_SPLIT must be 'off' or 'on', got 'yes'"),
     (KT + "chunk", "DQ_SUM", "FALCON_TRITON_3_DQ_SUM", "kernel", "gpu",
      "FALCON_TRITON_3_DQ_SUM must be 'kernel' or 'host', got 'gpu'"),
     (KT + "pair_sum", "PAIR_SUM", "FALCON_TRITON_3_PAIR_SUM", "triton", "cuda",

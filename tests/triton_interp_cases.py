@@ -224,6 +224,15 @@ if __name__ == "__main__":
         seen_nkb.append(out[2])
         return out
     kchunk.linear_state_tiles = kpercol.linear_state_tiles = seen_tiles
+    import falcon_lab.kernels.triton.state_split as ksplit_seq
+    default_linear_split, default_split_len = ksplit_seq.LINEAR_SPLIT, ksplit_seq.SPLIT_LEN
+    pieces, seen_np = ksplit_seq.split_pieces, []
+
+    def seen_pieces(*a):  # the pieces of every state pass chunk.py runs (0: the single pass), for the split cases
+        out = pieces(*a)
+        seen_np.append(out)
+        return out
+    kchunk.split_pieces = seen_pieces
     for c in cases:
         # what FALCON_TRITON_3A=delayed / =banded / =scans sets (the fused=True Falcon-3A cases are the banded scan's;
         # Falcon-3's `fused` is not read by this switch); none: the default (delayed since 2026-12-04) or the env's
@@ -257,7 +266,11 @@ if __name__ == "__main__":
         kchunk.STATE_DTYPE = c.get("state_dtype", default_state_dtype)  # what FALCON_TRITON_STATE_DTYPE sets
         kwl.WL_BWD_BV = c.get("wl_bwd_bv", default_wl_bwd_bv)  # what FALCON_TRITON_3A_BWD_BV sets
         kwl.WL_WEIGHTS = c.get("wl_weights", default_wl_weights)  # what FALCON_TRITON_3A_WEIGHTS sets
+        # what FALCON_TRITON_LINEAR_SPLIT=on sets, with pieces of `split` chunks (so that the small cases split)
+        ksplit_seq.LINEAR_SPLIT = "on" if c.get("split") else default_linear_split
+        ksplit_seq.SPLIT_LEN = c.get("split", default_split_len)
         seen_nkb.clear()
+        seen_np.clear()
         t0 = time.perf_counter()
         try:
             if c.get("recompute"):
@@ -307,6 +320,10 @@ if __name__ == "__main__":
                     res["window_linear_calls"] = n_wl[0]
             else:
                 res = decode_case(c) if c.get("decode") else run_case(c)
+            if c.get("split_none"):  # passes the split must leave whole (delta rule, packed): 0 when none split
+                res["split_on"] = float(any(n > 0 for n in seen_np))
+            elif c.get("split"):  # every linear state pass ran in pieces (0 when each did, forward and backward)
+                res["split_off"] = float(not seen_np or min(seen_np) < 2)
             if c.get("ksplit_none"):  # a delta rule's state passes: none split (0 when none did)
                 res["ksplit_on"] = float(any(n > 1 for n in seen_nkb))
             elif c.get("ksplit"):  # every linear state pass split its keys (0 when each did, forward and backward)

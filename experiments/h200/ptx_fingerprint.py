@@ -133,6 +133,11 @@ def _record(tree: str, quick: bool):
         variants += [("2A-blocked", 0, 1, 1, "blocked"), ("2-blocked", 1, 1, 1, "blocked")]
     if hasattr(kpercol, "BWD_INTRA"):  # ... its backward intra pass in one kernel (since 2026-12-04)
         variants += [("2A-blocked-fused", 0, 1, 1, "blocked-fused"), ("2-blocked-fused", 1, 1, 1, "blocked-fused")]
+    try:  # the linear state passes split along the sequence (since 2026-12-04): pieces of one chunk here
+        import falcon_lab.kernels.triton.state_split as ksplit_seq
+        variants += [("1A-split", 0, 0, 1, "split"), ("3A-delayed-split", 0, 0, 4, "split")]
+    except ImportError:
+        ksplit_seq = None
     if "cu_seqlens" in inspect.signature(ft.core).parameters:  # packed sequences in the kernels (since 2026-12-02)
         variants += [(f"{v}-varlen", d, pc, w, "varlen") for v, d, pc, w in (("1", 1, 0, 1), ("1A", 0, 0, 1),
                                                                              ("2", 1, 1, 1), ("2A", 0, 1, 1),
@@ -158,7 +163,9 @@ def _record(tree: str, quick: bool):
                         kpercol.INTRA = "blocked" if fused in ("blocked", "blocked-fused") else "exact"
                     if hasattr(kpercol, "BWD_INTRA"):
                         kpercol.BWD_INTRA = "fused" if fused == "blocked-fused" else "split"
-                    if fused in ("blocked", "blocked-fused"):
+                    if ksplit_seq is not None:
+                        ksplit_seq.LINEAR_SPLIT, ksplit_seq.SPLIT_LEN = ("on", 1) if fused == "split" else ("off", 32)
+                    if fused in ("blocked", "blocked-fused", "split"):
                         pass
                     elif fused == "varlen":  # two packed sequences of 37 and 63 tokens (B = 1)
                         kw["cu_seqlens"] = torch.tensor([0, 37, T])
@@ -359,6 +366,10 @@ def main():
 
     global STAGE, DUMP
     STAGE, DUMP = a.stage, a.dump
+    if STAGE == "cubin":  # whole compiles go to a cache of their own: Triton 3.6 would serve them to a later
+        # --stage ttir / ptx run, whose stop-early hook is not in its cache key, and that run would see no stage at all
+        import tempfile
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="falcon_cubin_cache_")
     tree = os.path.abspath(a.tree)
     commit = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()

@@ -42,6 +42,7 @@ from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _s
                      linear_state_tiles, state_bv, state_opts, varlen_args)
 from .host import UNPROVEN, env_choice
 from .pair_sum import pair_sum
+from .state_split import bwd_state_split, fwd_state_split, split_pieces
 
 # The backward's per-chunk work (dq, dx, dv, dη, dg) runs as three kernels, _bwd_cc, _bwd_dqdx and _bwd_gate (ours,
 # the default since 2026-12-03: at most three fp32 accumulators live in each value loop, 4 warps, fla-style). Its
@@ -994,9 +995,14 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         A = WT = VT = R = eta  # never read (constexpr-disabled branches)
     HS = torch.empty(B, H, NT, K, V, dtype=state_dtype(q.dtype), device=dev)
     ST = _empty((NS, H, K, V), f32, dev)
-    _fwd_state[(cdiv(V, BVs) * NKB, NS * H)](
-        x, v, eta, g, WT, VT, S0 if S0 is not None else eta, HS, R, ST, T, XT, xoff, NT, H, K, V, C,
-        BKs, BVs, delta, S0 is not None, True, prec, group, gather, *va, NKB, **state_opts(st))
+    NP = split_pieces(NT, cdiv(V, BVs) * NKB * NS * H, not delta, cu_seqlens is None and group == 1)
+    if NP:  # the linear pass in pieces along the sequence (state_split.py; LINEAR_SPLIT)
+        fwd_state_split(x, v, eta, g, S0, HS, ST, T, XT, xoff, NT, H, K, V, C, BKs, BVs, NKB, NP, prec,
+                        state_opts(st))
+    else:
+        _fwd_state[(cdiv(V, BVs) * NKB, NS * H)](
+            x, v, eta, g, WT, VT, S0 if S0 is not None else eta, HS, R, ST, T, XT, xoff, NT, H, K, V, C,
+            BKs, BVs, delta, S0 is not None, True, prec, group, gather, *va, NKB, **state_opts(st))
     O = _empty((B, Ts, H, V), out_dtype or q.dtype, dev)
     _fwd_out[(cdiv(V, BVo), NT, B * H)](
         q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, group, gather,
@@ -1020,17 +1026,22 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     if DU_DTYPE != "fp32" and dev.type == "cuda" and not UNPROVEN:
         raise RuntimeError("FALCON_TRITON_DU_DTYPE=input is not yet proven on the H200; it runs on CUDA only with "
                            "FALCON_TRITON_UNPROVEN=1 (=fp32 is proven)")
-    if NKB == 1:  # DU's intra part first, its state part added by _bwd_state
+    NP = split_pieces(NT, cdiv(V, BVs) * NKB * NS * H, not delta, cu_seqlens is None and group == 1)
+    if NKB == 1 and not NP:  # DU's intra part first, its state part added by _bwd_state
         DU = torch.empty(B, T, H, V, dtype=du_dtype(q.dtype), device=dev)
         _bwd_dul[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,
                                             read_after, prec, group, gather, *va, **st)
     DHS = torch.empty(B, H, NT, K, V, dtype=state_dtype(q.dtype), device=dev)
     DS0 = _empty((NS, H, K, V), f32, dev) if need_ds0 else None
-    _bwd_state[(cdiv(V, BVs) * NKB, NS * H)](
-        q, x, eta, g, WT, dO, DU if DU is not None else eta, dST if dST is not None else eta, DHS,
-        DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BKs, BVs, delta, read_after,
-        dST is not None, need_ds0, prec, group, gather, *va, NKB, **state_opts(st))
-    if NKB > 1:  # the key-split linear pass (LINEAR_KSPLIT): all of DU after it, from DHS
+    if NP:  # the linear pass in pieces along the sequence (state_split.py; LINEAR_SPLIT)
+        bwd_state_split(q, g, dO, dST, DHS, DS0, T, NT, H, K, V, C, BKs, BVs, NKB, NP, read_after, prec,
+                        state_opts(st))
+    else:
+        _bwd_state[(cdiv(V, BVs) * NKB, NS * H)](
+            q, x, eta, g, WT, dO, DU if DU is not None else eta, dST if dST is not None else eta, DHS,
+            DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BKs, BVs, delta, read_after,
+            dST is not None, need_ds0, prec, group, gather, *va, NKB, **state_opts(st))
+    if NKB > 1 or NP:  # the key-split or split linear pass (LINEAR_KSPLIT, LINEAR_SPLIT): all of DU after it
         DU = torch.empty(B, T, H, V, dtype=du_dtype(q.dtype), device=dev)
         _bwd_dul_state[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, DHS, T, XT, xoff, NT, H, K, V, C, BK, BVo,
                                                   read_after, prec, *va, **st)

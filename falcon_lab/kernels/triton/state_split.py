@@ -1,0 +1,211 @@
+"""The linear state passes of chunk.py split along the sequence (ours; FALCON_TRITON_LINEAR_SPLIT, opt-in, unproven).
+
+Falcon-1A's inter-chunk recurrence (and that of the Falcon-1A scans of Falcon-3A) is linear with a scalar decay per
+chunk: with u_C the chunk's log-decay and D_n = Xᵀ (e^{u_C - u} ⊙ η ⊙ V) its injection,
+
+    S_{n+1} = e^{u_C,n} S_n + D_n ,        dH_{n-1} = e^{u_C,n} dH_n + Qᵀ (e^{ur} ⊙ dO)   (the reverse pass).
+
+chunk.py runs it as one program per (sequence·head, state tile), sequentially over every chunk: at (1, 32768, 6, 128)
+512 chunks a program, latency-bound per chunk (Falcon-1A's two passes and DU's kernel were 1.36 of its 1.88 ms on the
+H200 even with the key split, kernels_2026-12-04e/call2). Here the chunks are cut into G pieces of L consecutive
+chunks (fla's chunk_h_split does the same for long packed sequences), and the pass runs in three kernels:
+
+    _fwd_state_split / _bwd_state_split   (tiles, sequences·heads, pieces): each piece from zero (the first piece
+            from S0, the last backward piece from dS_T): the local states into HS / DHS, the local state at the
+            piece's far end into SL, the log-decay from the piece's near end to each chunk into DC and over the
+            whole piece into DL
+    _split_carry  (tiles, sequences·heads): sequential over the G pieces, Z_p = e^{DL_q} Z_q + SL_q with q the
+            piece before p (forward: p - 1, Z_0 = 0; reverse: p + 1, Z_{G-1} = 0), Z_p into CARRY; the last Z is
+            S_T (forward) or dS_0 (reverse)
+    _split_fixup  (tiles, chunks, sequences·heads): HS[n] += e^{DC[n]} CARRY[piece of n]
+
+so the sequential chain is L + G steps instead of G·L. Every exponent is a sum of log-decays (<= 0). Dense calls only
+(no cu_seqlens), window 1 (no Falcon-3 pseudo-tokens), the linear rule only: Falcon-1's delta rule has a matrix
+transition per chunk, whose products would cost K x K per step.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import STATE_PROGRAMS, _state_tile_k, cdiv
+from .host import UNPROVEN, env_choice
+
+# "off" (the proven single pass, the default) or "on": split a linear pass into pieces of SPLIT_LEN chunks where it has
+# at least two pieces and fewer than STATE_PROGRAMS programs (a starved GPU). Written 2026-12-04 (twenty-second
+# session); interpreter-tested, not yet run on a GPU (on CUDA only with FALCON_TRITON_UNPROVEN=1).
+LINEAR_SPLIT = env_choice("FALCON_TRITON_LINEAR_SPLIT", "off", ("off", "on"),
+                          "Falcon-1A / the 3A scans: the linear state passes split along the sequence (unproven)")
+SPLIT_LEN = 32  # chunks a piece (tests lower it so that short sequences split)
+
+
+def split_pieces(NT: int, programs: int, linear: bool, dense: bool) -> int:
+    """The pieces G of a state pass over NT chunks with `programs` programs (tiles x sequences·heads), or 0 for the
+    single pass: LINEAR_SPLIT="on", a linear, dense, window-1 call, G >= 2 and the pass starved of programs."""
+    if LINEAR_SPLIT != "on" or not (linear and dense):
+        return 0
+    G = cdiv(NT, SPLIT_LEN)
+    return G if G >= 2 and programs < STATE_PROGRAMS else 0
+
+
+def check_proven(device: torch.device):
+    if device.type == "cuda" and not UNPROVEN:
+        raise RuntimeError("FALCON_TRITON_LINEAR_SPLIT=on is not yet proven on the H200; it runs on CUDA only with "
+                           "FALCON_TRITON_UNPROVEN=1 (=off is proven)")
+
+
+@triton.jit
+def _fwd_state_split(X, VV, ETA, G, S0, HS, SL, DC, DL, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr,
+                     V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKB: tl.constexpr,
+                     L: tl.constexpr, NP, HAS_S0: tl.constexpr, PREC: tl.constexpr):
+    """Piece p (program axis 2) of the forward linear pass: chunks p·L .. p·L + L - 1 from zero (piece 0 from S0)."""
+    t = tl.program_id(0)
+    bh = tl.program_id(1)
+    p = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    ck, kmask, cv, vmask, smask, soff = _state_tile_k(t, K, V, BK, BV, NKB)
+    bh64 = bh.to(tl.int64)
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_S0:
+        S = tl.where(p == 0, tl.load(S0 + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32), 0.)
+    dsum = tl.full([], 0., tl.float32)
+    for r in range(0, L):
+        n = p * L + r
+        live = n < NT
+        rows = n * C + i
+        rmask = rows < T  # (only rows of live chunks: T <= NT·C)
+        tok = (b * T + rows).to(tl.int64) * H + h
+        xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
+        tl.store(HS + (bh64 * NT + n) * K * V + soff, S, mask=smask & (ck * 0 + n < NT)[:, None])
+        if t == 0:
+            tl.store(DC + bh64 * NT + n, dsum, mask=live)
+        x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+        eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
+        g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+        v = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=rmask[:, None] & vmask[None, :], other=0.)
+        u = tl.cumsum(g, 0)
+        uC = tl.sum(g, 0)
+        w = v.to(tl.float32) * (eta * tl.exp(tl.minimum(uC - u, 0.)))[:, None]
+        S = S * tl.exp(uC) + tl.dot(tl.trans(x), w.to(x.dtype), input_precision=PREC)
+        dsum += uC
+    tl.store(SL + (bh64 * NP + p) * K * V + soff, S, mask=smask)
+    if t == 0:
+        tl.store(DL + bh64 * NP + p, dsum)
+
+
+@triton.jit
+def _bwd_state_split(Q, G, DO, DST, DHS, SL, DC, DL, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKB: tl.constexpr, L: tl.constexpr, NP,
+                     READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr, PREC: tl.constexpr):
+    """Piece p of the reverse linear pass (chunk.py _bwd_state with NKB key tiles: DU is not touched): chunks from
+    p·L + L - 1 down to p·L from zero (the last piece from dS_T); DHS[n] the local gradient at chunk n's end."""
+    t = tl.program_id(0)
+    bh = tl.program_id(1)
+    p = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    i = tl.arange(0, C)
+    ck, kmask, cv, vmask, smask, soff = _state_tile_k(t, K, V, BK, BV, NKB)
+    bh64 = bh.to(tl.int64)
+    dH = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DST:
+        dH = tl.where(p == NP - 1, tl.load(DST + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32), 0.)
+    dsum = tl.full([], 0., tl.float32)
+    for r in range(0, L):
+        n = p * L + (L - 1 - r)
+        live = n < NT
+        rows = n * C + i
+        rmask = rows < T  # (only rows of live chunks: T <= NT·C)
+        tok = (b * T + rows).to(tl.int64) * H + h
+        tl.store(DHS + (bh64 * NT + n) * K * V + soff, dH, mask=smask & (ck * 0 + n < NT)[:, None])
+        if t == 0:
+            tl.store(DC + bh64 * NT + n, dsum, mask=live)
+        q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
+        g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+        do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=rmask[:, None] & vmask[None, :], other=0.)
+        u = tl.cumsum(g, 0)
+        uC = tl.sum(g, 0)
+        if READ_AFTER:
+            ur = u
+        else:
+            ur = u - g
+        dH = dH * tl.exp(uC) + tl.dot(tl.trans(q), (do.to(tl.float32) * tl.exp(ur)[:, None]).to(q.dtype),
+                                      input_precision=PREC)
+        dsum += uC
+    tl.store(SL + (bh64 * NP + p) * K * V + soff, dH, mask=smask)
+    if t == 0:
+        tl.store(DL + bh64 * NP + p, dsum)
+
+
+@triton.jit
+def _split_carry(SL, DL, CARRY, OUT, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 NKB: tl.constexpr, NP, REVERSE: tl.constexpr, STORE_OUT: tl.constexpr):
+    """Z over the pieces in order (REVERSE: last to first): CARRY[p] = Z before piece p, Z = e^{DL[p]} Z + SL[p];
+    the final Z into OUT (S_T, or dS_0 in reverse)."""
+    t = tl.program_id(0)
+    bh = tl.program_id(1)
+    ck, kmask, cv, vmask, smask, soff = _state_tile_k(t, K, V, BK, BV, NKB)
+    bh64 = bh.to(tl.int64)
+    Z = tl.zeros([BK, BV], dtype=tl.float32)
+    for r in range(0, NP):
+        if REVERSE:
+            p = NP - 1 - r
+        else:
+            p = r
+        tl.store(CARRY + (bh64 * NP + p) * K * V + soff, Z, mask=smask)
+        Z = Z * tl.exp(tl.load(DL + bh64 * NP + p)) + tl.load(SL + (bh64 * NP + p) * K * V + soff, mask=smask,
+                                                                other=0.)
+    if STORE_OUT:
+        tl.store(OUT + bh64 * K * V + soff, Z, mask=smask)
+
+
+@triton.jit
+def _split_fixup(HS, DC, CARRY, NT, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 NKB: tl.constexpr, L: tl.constexpr, NP, SKIP):
+    """HS[n] += e^{DC[n]} CARRY[n // L] (the piece SKIP, whose carry is zero, untouched)."""
+    t = tl.program_id(0)
+    n = tl.program_id(1)
+    bh = tl.program_id(2)
+    p = n // L
+    if p != SKIP:
+        ck, kmask, cv, vmask, smask, soff = _state_tile_k(t, K, V, BK, BV, NKB)
+        bh64 = bh.to(tl.int64)
+        ptr = HS + (bh64 * NT + n) * K * V + soff
+        z = tl.load(CARRY + (bh64 * NP + p) * K * V + soff, mask=smask, other=0.)
+        s = tl.load(ptr, mask=smask, other=0.).to(tl.float32) + tl.exp(tl.load(DC + bh64 * NT + n)) * z
+        tl.store(ptr, s, mask=smask)
+
+
+def _buffers(NSH: int, NP: int, NT: int, K: int, V: int, dev):
+    f32 = torch.float32
+    return (torch.empty(NSH, NP, K, V, dtype=f32, device=dev), torch.empty(NSH, NT, dtype=f32, device=dev),
+            torch.empty(NSH, NP, dtype=f32, device=dev), torch.empty(NSH, NP, K, V, dtype=f32, device=dev))
+
+
+def fwd_state_split(x, v, eta, g, S0, HS, ST, T, XT, xoff, NT, H, K, V, C, BK, BV, NKB, NP, prec, st):
+    """The forward linear pass in NP pieces: HS (the state at each chunk's start) and ST, as chunk.py's _fwd_state."""
+    check_proven(x.device)
+    NSH = HS.shape[0] * H
+    SL, DC, DL, CARRY = _buffers(NSH, NP, NT, K, V, x.device)
+    tiles = cdiv(V, BV) * NKB
+    _fwd_state_split[(tiles, NSH, NP)](x, v, eta, g, S0 if S0 is not None else eta, HS, SL, DC, DL, T, XT, xoff, NT,
+                                      H, K, V, C, BK, BV, NKB, SPLIT_LEN, NP, S0 is not None, prec, **st)
+    _split_carry[(tiles, NSH)](SL, DL, CARRY, ST, K, V, BK, BV, NKB, NP, False, True, **st)
+    _split_fixup[(tiles, NT, NSH)](HS, DC, CARRY, NT, K, V, BK, BV, NKB, SPLIT_LEN, NP, 0, **st)
+
+
+def bwd_state_split(q, g, dO, dST, DHS, DS0, T, NT, H, K, V, C, BK, BV, NKB, NP, read_after, prec, st):
+    """The reverse linear pass in NP pieces: DHS (the gradient at each chunk's end) and DS0 (if not None)."""
+    check_proven(q.device)
+    NSH = DHS.shape[0] * H
+    SL, DC, DL, CARRY = _buffers(NSH, NP, NT, K, V, q.device)
+    tiles = cdiv(V, BV) * NKB
+    _bwd_state_split[(tiles, NSH, NP)](q, g, dO, dST if dST is not None else g, DHS, SL, DC, DL, T, NT, H, K, V, C,
+                                      BK, BV, NKB, SPLIT_LEN, NP, read_after, dST is not None, prec, **st)
+    _split_carry[(tiles, NSH)](SL, DL, CARRY, DS0 if DS0 is not None else SL, K, V, BK, BV, NKB, NP, True,
+                               DS0 is not None, **st)
+    _split_fixup[(tiles, NT, NSH)](DHS, DC, CARRY, NT, K, V, BK, BV, NKB, SPLIT_LEN, NP, NP - 1, **st)
