@@ -636,6 +636,8 @@ SWITCHES = [
      "FALCON_TRITON_DU_DTYPE must be 'fp32' or 'input', got 'bf16'"),
     (KT + "state_split", "LINEAR_SPLIT", "FALCON_TRITON_LINEAR_SPLIT", "off", "yes",
      "FALCON_TRITON_LINEAR_SPLIT must be 'off' or 'on', got 'yes'"),
+    (KT + "state_split", "SPLIT_LEN", "FALCON_TRITON_LINEAR_SPLIT_LEN", 32, "3",
+     "FALCON_TRITON_LINEAR_SPLIT_LEN must be '2', '4', '8', '16', '32' or '64', got '3'"),
     (KT + "chunk", "DQ_SUM", "FALCON_TRITON_3_DQ_SUM", "kernel", "gpu",
      "FALCON_TRITON_3_DQ_SUM must be 'kernel' or 'host', got 'gpu'"),
     (KT + "pair_sum", "PAIR_SUM", "FALCON_TRITON_3_PAIR_SUM", "triton", "cuda",

@@ -219,6 +219,21 @@ AB_ARGS=(); for _s in ${AB_SWITCH:-chunk.A_DTYPE=input,fp32}; do AB_ARGS+=(--swi
 step switch_ab 300 env ${AB_ENV:-} TRITON_CACHE_DIR="$TC" python3 experiments/h200/switch_ab.py "${AB_ARGS[@]}" \
   --ops "${AB_OPS:-falcon-1,falcon-3}" --shapes "${AB_SHAPES:-0,1,2,3}" --reps "${AB_REPS:-3}" \
   ${AB_KERNELS:+--kernels "$AB_KERNELS"} --out "$W/switch_ab"
+# ABS (a variable, not a step; 2026-12-04, twenty-second session): several A/Bs in one call, each its own timed step
+# ab_<name> after the checks, one process each: ABS="name|MOD.ATTR=v1,v2 [MOD2.ATTR2=w1,w2]|ops|shapes|kernel regex;..."
+# (empty shapes: all four; empty regex: none), with AB_REPS rounds and FALCON_TRITON_UNPROVEN=1 (the values under test
+# are unproven until their checks pass; read the checks' verdicts before the timings)
+if [ -n "${ABS:-}" ]; then
+  IFS=';' read -ra _abs <<< "$ABS"
+  for _a in "${_abs[@]}"; do
+    IFS='|' read -r _an _asw _aops _ash _akr <<< "$_a"
+    STEPS="$STEPS ab_$_an"
+    _aargs=(); for _s in $_asw; do _aargs+=(--switch "$_s"); done
+    step "ab_$_an" 300 env FALCON_TRITON_UNPROVEN=1 TRITON_CACHE_DIR="$TC" python3 experiments/h200/switch_ab.py \
+      "${_aargs[@]}" --ops "$_aops" --shapes "${_ash:-0,1,2,3}" --reps "${AB_REPS:-2}" ${_akr:+--kernels "$_akr"} \
+      --out "$W/ab_$_an"
+  done
+fi
 # warm: compile every (op, shape) of the full run first, one process each, 12 at a time, into the shared $TC (on
 # a fresh machine the full run alone spent its 440 s mostly compiling, fla's kernels above all: 2026-12-03 call 2)
 step warm 240 bash -c warm_cmd

@@ -38,7 +38,10 @@ from .host import UNPROVEN, env_choice
 # session); interpreter-tested, not yet run on a GPU (on CUDA only with FALCON_TRITON_UNPROVEN=1).
 LINEAR_SPLIT = env_choice("FALCON_TRITON_LINEAR_SPLIT", "off", ("off", "on"),
                           "Falcon-1A / the 3A scans: the linear state passes split along the sequence (unproven)")
-SPLIT_LEN = 32  # chunks a piece (tests lower it so that short sequences split)
+# Chunks a piece: 32 unless FALCON_TRITON_LINEAR_SPLIT_LEN says otherwise (a check at real sizes sets a small one so
+# that its rows split; the interpreter tests set this attribute to 1 or 2)
+SPLIT_LEN = int(env_choice("FALCON_TRITON_LINEAR_SPLIT_LEN", "32", ("2", "4", "8", "16", "32", "64"),
+                           "chunks a piece of a split linear state pass (FALCON_TRITON_LINEAR_SPLIT=on)"))
 
 
 def split_pieces(NT: int, programs: int, linear: bool, dense: bool) -> int:
