@@ -137,8 +137,8 @@ CASES += [_c(f"du-input-{n}", du_dtype="input", dtype="float16", seed=240 + i, *
 # the linear state passes split along the sequence (split=L: FALCON_TRITON_LINEAR_SPLIT=on with pieces of L chunks
 # instead of 32, ours, opt-in and unproven; state_split.py): Falcon-1A both read orders, pieces of one and two chunks
 # with a short last piece, the key split too (K = 48 in tiles of 16, a masked value tile), strong decay, no S0 / dS_T,
-# fp16; Falcon-3A's delayed form and its W scans (pair stream read at an offset); `split_off` 0 when every pass split;
-# Falcon-1 (delta) and a packed call, which must not split (`split_on` 0)
+# fp16; Falcon-3A's delayed form and its W scans (pair stream read at an offset); Falcon-2A's per-column passes;
+# `split_off` 0 when every pass split; Falcon-1 and -2 (delta) and a packed call, which must not split (`split_on` 0)
 SPLIT = [("F1A-after-L1", dict(delta=False, split=1)),
          ("F1A-before-C16-T70-L2", dict(delta=False, after=False, T=70, B=1, split=2)),
          ("F1A-C32-K48-V80-ksplit-L2", dict(delta=False, C=32, T=140, B=1, K=48, V=80, ksplit=True, split=2)),
@@ -147,7 +147,15 @@ SPLIT = [("F1A-after-L1", dict(delta=False, split=1)),
          ("F1A-fp16-L2", dict(delta=False, T=70, dtype="float16", split=2)),
          ("F3A-delayed-W4-L1", dict(delta=False, W=4, fused=True, delayed=True, split=1)),
          ("F3A-scans-W3-before-L2", dict(delta=False, W=3, after=False, T=70, B=1, fused=False, scans=True, split=2)),
-         ("F1-unsplit", dict(delta=True, split=1, split_none=True))]
+         ("F1-unsplit", dict(delta=True, split=1, split_none=True)),
+         # Falcon-2A (percol.py: the decays per value column; DU's state part then in _pc_bwd_main)
+         ("F2A-after-L1", dict(delta=False, per_col=True, split=1)),
+         ("F2A-before-C32-K48-V80-ksplit-L2", dict(delta=False, per_col=True, after=False, C=32, T=140, B=1, K=48,
+                                                   V=80, ksplit=True, split=2)),
+         ("F2A-C16-strong-decay-no-S0-no-dST-L1", dict(delta=False, per_col=True, T=64, B=1, H=1, K=32, V=16,
+                                                       strong=True, s0=False, no_dst=True, split=1)),
+         ("F2A-fp16-C32-L1", dict(delta=False, per_col=True, C=32, T=100, B=1, dtype="float16", split=1)),
+         ("F2-unsplit", dict(delta=True, per_col=True, split=1, split_none=True))]
 CASES += [_c(f"seqsplit-{n}", seed=260 + i, **kw) for i, (n, kw) in enumerate(SPLIT)]
 # Falcon-3 on its host expansion (fused_window=False: FALCON_TRITON_3=expand, and every packed call)
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9, fused=False))

@@ -232,7 +232,7 @@ if __name__ == "__main__":
         out = pieces(*a)
         seen_np.append(out)
         return out
-    kchunk.split_pieces = seen_pieces
+    kchunk.split_pieces = kpercol.split_pieces = seen_pieces
     for c in cases:
         # what FALCON_TRITON_3A=delayed / =banded / =scans sets (the fused=True Falcon-3A cases are the banded scan's;
         # Falcon-3's `fused` is not read by this switch); none: the default (delayed since 2026-12-04) or the env's

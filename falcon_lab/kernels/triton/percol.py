@@ -39,6 +39,7 @@ from . import common
 from .common import (_chunk_rows, _empty, _np2, _state_init, _state_put, _state_tile, _state_tile_k, _varlen_chunk,
                      _varlen_seq, cdiv, launch, linear_state_tiles, varlen_args)
 from .host import UNPROVEN, env_choice
+from .state_split import bwd_state_split, fwd_state_split, split_pieces
 
 SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per program)
 # The intra-chunk term: "blocked" (16-row sub-blocks, the off-diagonal blocks as tensor-core dots: ours, the default)
@@ -989,6 +990,12 @@ def _state_tiles(BK: int, BVs: int, K: int, V: int, n_seq_heads: int, dtype) -> 
     return linear_state_tiles(BK, BVs, K, V, n_seq_heads, dtype)
 
 
+def _split(NT: int, programs: int, cu_seqlens) -> int:
+    """Pieces of a split state pass (state_split.split_pieces) for Falcon-2A: dense calls with the blocked intra-chunk
+    term (whose backward adds DU's state part in _pc_bwd_main: state_du)."""
+    return split_pieces(NT, programs, INTRA == "blocked", cu_seqlens is None)
+
+
 def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_seqlens=None):
     """Falcon-2A core forward (per-column γ, η; linear; window 1) -> (O, S_T, saved for backward). cu_seqlens
     (B = 1): the packed sequences run natively (chunk.chunk_forward's convention)."""
@@ -998,8 +1005,12 @@ def percol_forward(q, x, v, eta, g, S0, *, read_after, C, allow_tf32, cu_seqlens
     HS = torch.empty(B, H, NT, K, V, dtype=f32, device=dev)
     ST = _empty((NS, H, K, V), f32, dev)
     BKs, BVs, NKB = _state_tiles(BK, BVs, K, V, NS * H, q.dtype)
-    _pc_fwd_state[(cdiv(V, BVs) * NKB, NS * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, ST, T, NT,
-                                                H, K, V, C, BKs, BVs, S0 is not None, prec, *va, NKB, **st)
+    NP = _split(NT, cdiv(V, BVs) * NKB * NS * H, cu_seqlens)
+    if NP:  # the pass in pieces along the sequence (state_split.py; LINEAR_SPLIT)
+        fwd_state_split(x, v, eta, g, S0, HS, ST, T, T, 0, NT, H, K, V, C, BKs, BVs, NKB, NP, prec, st, per_col=True)
+    else:
+        _pc_fwd_state[(cdiv(V, BVs) * NKB, NS * H)](x, v, eta, g, S0 if S0 is not None else eta, HS, ST, T, NT,
+                                                    H, K, V, C, BKs, BVs, S0 is not None, prec, *va, NKB, **st)
     O = fwd_out(q, x, v, eta, g, HS, T, NT, H, K, V, C, BK, BVo, read_after, prec, va, st)
     return O, ST, (HS,)
 
@@ -1018,9 +1029,14 @@ def percol_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf3
     DU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     DS0 = _empty((NS, H, K, V), f32, dev) if need_ds0 else None
     BKs, BVs, NKB = _state_tiles(BK, BVs, K, V, NS * H, q.dtype)
-    _pc_bwd_state[(cdiv(V, BVs) * NKB, NS * H)](
-        q, x, g, dO, dST if dST is not None else eta, DHS, DU, DS0 if DS0 is not None else eta, T, NT, H, K,
-        V, C, BKs, BVs, read_after, dST is not None, need_ds0, prec, *va, NKB, **st)
+    NP = _split(NT, cdiv(V, BVs) * NKB * NS * H, cu_seqlens)
+    if NP:  # the pass in pieces along the sequence (state_split.py; LINEAR_SPLIT): DU's state part in _pc_bwd_main
+        bwd_state_split(q, g, dO, dST, DHS, DS0, T, NT, H, K, V, C, BKs, BVs, NKB, NP, read_after, prec, st,
+                        per_col=True)
+    else:
+        _pc_bwd_state[(cdiv(V, BVs) * NKB, NS * H)](
+            q, x, g, dO, dST if dST is not None else eta, DHS, DU, DS0 if DS0 is not None else eta, T, NT, H, K,
+            V, C, BKs, BVs, read_after, dST is not None, need_ds0, prec, *va, NKB, **st)
     DGR = torch.empty(B, T, H, V, dtype=f32, device=dev)
     DGU = torch.empty(B, T, H, V, dtype=f32, device=dev)
     dq = _empty(q.shape, q.dtype, dev)
@@ -1029,5 +1045,5 @@ def percol_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, allow_tf3
     deta = _empty(eta.shape, eta.dtype, dev)
     dg = _empty(g.shape, g.dtype, dev)
     bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta, dg, T, NT, H, K, V, C, BK, BVm,
-                   read_after, prec, va, st, state_du=NKB > 1)
+                   read_after, prec, va, st, state_du=NKB > 1 or NP > 0)
     return dq, dx, dv, deta, dg, DS0

@@ -19,9 +19,10 @@ chunks (fla's chunk_h_split does the same for long packed sequences), and the pa
             S_T (forward) or dS_0 (reverse)
     _split_fixup  (tiles, chunks, sequences·heads): HS[n] += e^{DC[n]} CARRY[piece of n]
 
-so the sequential chain is L + G steps instead of G·L. Every exponent is a sum of log-decays (<= 0). Dense calls only
-(no cu_seqlens), window 1 (no Falcon-3 pseudo-tokens), the linear rule only: Falcon-1's delta rule has a matrix
-transition per chunk, whose products would cost K x K per step.
+so the sequential chain is L + G steps instead of G·L. Every exponent is a sum of log-decays (<= 0). Falcon-2A's
+passes (percol.py, PER_COL) are the same with a decay per value column: u_C, DC and DL are per column and the carry
+scales the state's columns. Dense calls only (no cu_seqlens), window 1 (no Falcon-3 pseudo-tokens), the linear rule
+only: Falcon-1's and -2's delta rules have a matrix transition per chunk, whose products would cost K x K per step.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def check_proven(device: torch.device):
 @triton.jit
 def _fwd_state_split(X, VV, ETA, G, S0, HS, SL, DC, DL, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKB: tl.constexpr,
-                     L: tl.constexpr, NP, HAS_S0: tl.constexpr, PREC: tl.constexpr):
-    """Piece p (program axis 2) of the forward linear pass: chunks p·L .. p·L + L - 1 from zero (piece 0 from S0)."""
+                     L: tl.constexpr, NP, HAS_S0: tl.constexpr, PREC: tl.constexpr, PER_COL: tl.constexpr):
+    """Piece p (program axis 2) of the forward linear pass: chunks p·L .. p·L + L - 1 from zero (piece 0 from S0).
+    PER_COL (Falcon-2A, percol.py): η and log γ per value column, the decays per column; else per step (chunk.py)."""
     t = tl.program_id(0)
     bh = tl.program_id(1)
     p = tl.program_id(2)
@@ -75,37 +77,47 @@ def _fwd_state_split(X, VV, ETA, G, S0, HS, SL, DC, DL, T, XT, XOFF, NT, H: tl.c
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_S0:
         S = tl.where(p == 0, tl.load(S0 + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32), 0.)
-    dsum = tl.full([], 0., tl.float32)
+    first = (cv * 0 + t) % NKB == 0  # the value block's first key tile writes its columns' decays ([BV]: the
+    # interpreter takes no scalar in a block mask)
+    dsum = tl.zeros([BV], dtype=tl.float32)
     for r in range(0, L):
         n = p * L + r
-        live = n < NT
         rows = n * C + i
         rmask = rows < T  # (only rows of live chunks: T <= NT·C)
         tok = (b * T + rows).to(tl.int64) * H + h
         xtok = (b * XT + XOFF + rows).to(tl.int64) * H + h
         tl.store(HS + (bh64 * NT + n) * K * V + soff, S, mask=smask & (ck * 0 + n < NT)[:, None])
-        if t == 0:
-            tl.store(DC + bh64 * NT + n, dsum, mask=live)
+        tl.store(DC + (bh64 * NT + n) * V + cv, dsum, mask=vmask & (cv * 0 + n < NT) & first)
         x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
-        eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
-        g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
-        v = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=rmask[:, None] & vmask[None, :], other=0.)
-        u = tl.cumsum(g, 0)
-        uC = tl.sum(g, 0)
-        w = v.to(tl.float32) * (eta * tl.exp(tl.minimum(uC - u, 0.)))[:, None]
-        S = S * tl.exp(uC) + tl.dot(tl.trans(x), w.to(x.dtype), input_precision=PREC)
-        dsum += uC
+        vm = rmask[:, None] & vmask[None, :]
+        v = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        if PER_COL:
+            eta = tl.load(ETA + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
+            g = tl.load(G + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
+            u = tl.cumsum(g, 0)
+            uC = tl.sum(g, 0)
+            w = v * eta * tl.exp(tl.minimum(uC[None, :] - u, 0.))
+            S = S * tl.exp(uC)[None, :] + tl.dot(tl.trans(x), w.to(x.dtype), input_precision=PREC)
+            dsum += uC
+        else:
+            eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
+            g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+            u = tl.cumsum(g, 0)
+            uC = tl.sum(g, 0)
+            w = v * (eta * tl.exp(tl.minimum(uC - u, 0.)))[:, None]
+            S = S * tl.exp(uC) + tl.dot(tl.trans(x), w.to(x.dtype), input_precision=PREC)
+            dsum += uC
     tl.store(SL + (bh64 * NP + p) * K * V + soff, S, mask=smask)
-    if t == 0:
-        tl.store(DL + bh64 * NP + p, dsum)
+    tl.store(DL + (bh64 * NP + p) * V + cv, dsum, mask=vmask & first)
 
 
 @triton.jit
 def _bwd_state_split(Q, G, DO, DST, DHS, SL, DC, DL, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKB: tl.constexpr, L: tl.constexpr, NP,
-                     READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr, PREC: tl.constexpr):
-    """Piece p of the reverse linear pass (chunk.py _bwd_state with NKB key tiles: DU is not touched): chunks from
-    p·L + L - 1 down to p·L from zero (the last piece from dS_T); DHS[n] the local gradient at chunk n's end."""
+                     READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr, PREC: tl.constexpr, PER_COL: tl.constexpr):
+    """Piece p of the reverse linear pass (chunk.py _bwd_state / percol.py _pc_bwd_state with NKB key tiles: DU is not
+    touched): chunks from p·L + L - 1 down to p·L from zero (the last piece from dS_T); DHS[n] the local gradient at
+    chunk n's end."""
     t = tl.program_id(0)
     bh = tl.program_id(1)
     p = tl.program_id(2)
@@ -117,38 +129,46 @@ def _bwd_state_split(Q, G, DO, DST, DHS, SL, DC, DL, T, NT, H: tl.constexpr, K: 
     dH = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DST:
         dH = tl.where(p == NP - 1, tl.load(DST + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32), 0.)
-    dsum = tl.full([], 0., tl.float32)
+    first = (cv * 0 + t) % NKB == 0
+    dsum = tl.zeros([BV], dtype=tl.float32)
     for r in range(0, L):
         n = p * L + (L - 1 - r)
-        live = n < NT
         rows = n * C + i
         rmask = rows < T  # (only rows of live chunks: T <= NT·C)
         tok = (b * T + rows).to(tl.int64) * H + h
         tl.store(DHS + (bh64 * NT + n) * K * V + soff, dH, mask=smask & (ck * 0 + n < NT)[:, None])
-        if t == 0:
-            tl.store(DC + bh64 * NT + n, dsum, mask=live)
+        tl.store(DC + (bh64 * NT + n) * V + cv, dsum, mask=vmask & (cv * 0 + n < NT) & first)
         q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
-        g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
-        do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=rmask[:, None] & vmask[None, :], other=0.)
-        u = tl.cumsum(g, 0)
-        uC = tl.sum(g, 0)
-        if READ_AFTER:
-            ur = u
+        vm = rmask[:, None] & vmask[None, :]
+        do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        if PER_COL:
+            g = tl.load(G + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
+            u = tl.cumsum(g, 0)
+            uC = tl.sum(g, 0)
+            if READ_AFTER:
+                ur = u
+            else:
+                ur = u - g
+            dH = dH * tl.exp(uC)[None, :] + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(q.dtype), input_precision=PREC)
         else:
-            ur = u - g
-        dH = dH * tl.exp(uC) + tl.dot(tl.trans(q), (do.to(tl.float32) * tl.exp(ur)[:, None]).to(q.dtype),
-                                      input_precision=PREC)
+            g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
+            u = tl.cumsum(g, 0)
+            uC = tl.sum(g, 0)
+            if READ_AFTER:
+                ur = u
+            else:
+                ur = u - g
+            dH = dH * tl.exp(uC) + tl.dot(tl.trans(q), (do * tl.exp(ur)[:, None]).to(q.dtype), input_precision=PREC)
         dsum += uC
     tl.store(SL + (bh64 * NP + p) * K * V + soff, dH, mask=smask)
-    if t == 0:
-        tl.store(DL + bh64 * NP + p, dsum)
+    tl.store(DL + (bh64 * NP + p) * V + cv, dsum, mask=vmask & first)
 
 
 @triton.jit
 def _split_carry(SL, DL, CARRY, OUT, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                  NKB: tl.constexpr, NP, REVERSE: tl.constexpr, STORE_OUT: tl.constexpr):
-    """Z over the pieces in order (REVERSE: last to first): CARRY[p] = Z before piece p, Z = e^{DL[p]} Z + SL[p];
-    the final Z into OUT (S_T, or dS_0 in reverse)."""
+    """Z over the pieces in order (REVERSE: last to first): CARRY[p] = Z before piece p, Z = Z e^{DL[p]} + SL[p] (the
+    decay per value column); the final Z into OUT (S_T, or dS_0 in reverse)."""
     t = tl.program_id(0)
     bh = tl.program_id(1)
     ck, kmask, cv, vmask, smask, soff = _state_tile_k(t, K, V, BK, BV, NKB)
@@ -160,8 +180,8 @@ def _split_carry(SL, DL, CARRY, OUT, K: tl.constexpr, V: tl.constexpr, BK: tl.co
         else:
             p = r
         tl.store(CARRY + (bh64 * NP + p) * K * V + soff, Z, mask=smask)
-        Z = Z * tl.exp(tl.load(DL + bh64 * NP + p)) + tl.load(SL + (bh64 * NP + p) * K * V + soff, mask=smask,
-                                                                other=0.)
+        dl = tl.load(DL + (bh64 * NP + p) * V + cv, mask=vmask, other=0.)
+        Z = Z * tl.exp(dl)[None, :] + tl.load(SL + (bh64 * NP + p) * K * V + soff, mask=smask, other=0.)
     if STORE_OUT:
         tl.store(OUT + bh64 * K * V + soff, Z, mask=smask)
 
@@ -169,7 +189,7 @@ def _split_carry(SL, DL, CARRY, OUT, K: tl.constexpr, V: tl.constexpr, BK: tl.co
 @triton.jit
 def _split_fixup(HS, DC, CARRY, NT, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                  NKB: tl.constexpr, L: tl.constexpr, NP, SKIP):
-    """HS[n] += e^{DC[n]} CARRY[n // L] (the piece SKIP, whose carry is zero, untouched)."""
+    """HS[n] += CARRY[n // L] e^{DC[n]} (per value column; the piece SKIP, whose carry is zero, untouched)."""
     t = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
@@ -179,36 +199,41 @@ def _split_fixup(HS, DC, CARRY, NT, K: tl.constexpr, V: tl.constexpr, BK: tl.con
         bh64 = bh.to(tl.int64)
         ptr = HS + (bh64 * NT + n) * K * V + soff
         z = tl.load(CARRY + (bh64 * NP + p) * K * V + soff, mask=smask, other=0.)
-        s = tl.load(ptr, mask=smask, other=0.).to(tl.float32) + tl.exp(tl.load(DC + bh64 * NT + n)) * z
-        tl.store(ptr, s, mask=smask)
+        dc = tl.load(DC + (bh64 * NT + n) * V + cv, mask=vmask, other=0.)
+        tl.store(ptr, tl.load(ptr, mask=smask, other=0.).to(tl.float32) + z * tl.exp(dc)[None, :], mask=smask)
 
 
 def _buffers(NSH: int, NP: int, NT: int, K: int, V: int, dev):
+    """(SL, DC, DL, CARRY): the pieces' far-end states, the per-chunk and per-piece log-decays (per value column),
+    the carried states."""
     f32 = torch.float32
-    return (torch.empty(NSH, NP, K, V, dtype=f32, device=dev), torch.empty(NSH, NT, dtype=f32, device=dev),
-            torch.empty(NSH, NP, dtype=f32, device=dev), torch.empty(NSH, NP, K, V, dtype=f32, device=dev))
+    return (torch.empty(NSH, NP, K, V, dtype=f32, device=dev), torch.empty(NSH, NT, V, dtype=f32, device=dev),
+            torch.empty(NSH, NP, V, dtype=f32, device=dev), torch.empty(NSH, NP, K, V, dtype=f32, device=dev))
 
 
-def fwd_state_split(x, v, eta, g, S0, HS, ST, T, XT, xoff, NT, H, K, V, C, BK, BV, NKB, NP, prec, st):
-    """The forward linear pass in NP pieces: HS (the state at each chunk's start) and ST, as chunk.py's _fwd_state."""
+def fwd_state_split(x, v, eta, g, S0, HS, ST, T, XT, xoff, NT, H, K, V, C, BK, BV, NKB, NP, prec, st,
+                    per_col=False):
+    """The forward linear pass in NP pieces: HS (the state at each chunk's start) and ST, as chunk.py's _fwd_state
+    (per_col: percol.py's _pc_fwd_state)."""
     check_proven(x.device)
     NSH = HS.shape[0] * H
     SL, DC, DL, CARRY = _buffers(NSH, NP, NT, K, V, x.device)
     tiles = cdiv(V, BV) * NKB
     _fwd_state_split[(tiles, NSH, NP)](x, v, eta, g, S0 if S0 is not None else eta, HS, SL, DC, DL, T, XT, xoff, NT,
-                                      H, K, V, C, BK, BV, NKB, SPLIT_LEN, NP, S0 is not None, prec, **st)
+                                      H, K, V, C, BK, BV, NKB, SPLIT_LEN, NP, S0 is not None, prec, per_col, **st)
     _split_carry[(tiles, NSH)](SL, DL, CARRY, ST, K, V, BK, BV, NKB, NP, False, True, **st)
     _split_fixup[(tiles, NT, NSH)](HS, DC, CARRY, NT, K, V, BK, BV, NKB, SPLIT_LEN, NP, 0, **st)
 
 
-def bwd_state_split(q, g, dO, dST, DHS, DS0, T, NT, H, K, V, C, BK, BV, NKB, NP, read_after, prec, st):
+def bwd_state_split(q, g, dO, dST, DHS, DS0, T, NT, H, K, V, C, BK, BV, NKB, NP, read_after, prec, st,
+                    per_col=False):
     """The reverse linear pass in NP pieces: DHS (the gradient at each chunk's end) and DS0 (if not None)."""
     check_proven(q.device)
     NSH = DHS.shape[0] * H
     SL, DC, DL, CARRY = _buffers(NSH, NP, NT, K, V, q.device)
     tiles = cdiv(V, BV) * NKB
     _bwd_state_split[(tiles, NSH, NP)](q, g, dO, dST if dST is not None else g, DHS, SL, DC, DL, T, NT, H, K, V, C,
-                                      BK, BV, NKB, SPLIT_LEN, NP, read_after, dST is not None, prec, **st)
+                                      BK, BV, NKB, SPLIT_LEN, NP, read_after, dST is not None, prec, per_col, **st)
     _split_carry[(tiles, NSH)](SL, DL, CARRY, DS0 if DS0 is not None else SL, K, V, BK, BV, NKB, NP, True,
                                DS0 is not None, **st)
     _split_fixup[(tiles, NT, NSH)](DHS, DC, CARRY, NT, K, V, BK, BV, NKB, SPLIT_LEN, NP, NP - 1, **st)
