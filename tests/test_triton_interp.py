@@ -435,7 +435,7 @@ DELAYED = [dict(API[2], id="api-varlen-continuation-F3A-delayed", delayed=True, 
 
 @pytest.fixture(scope="module")
 def results():
-    # timeout: a hang guard only. The whole file, its 231 cases and the switch rows, took 232 s on the 2-core machine
+    # timeout: a hang guard only. The whole file, its 232 cases and the switch rows, took 232 s on the 2-core machine
     # (2026-12-04, twenty-second session; the switch rows' typo imports through one forking interpreter since then:
     # 80 s as 35 interpreter starts before). Its 177 cases took 233 s alone (2026-12-04, twentieth session,
     # with interp_case_helpers' device calls skipping the interpreter's re-patching: 376 s without; 443 s of case time
