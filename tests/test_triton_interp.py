@@ -156,6 +156,15 @@ SPLIT = [("F1A-after-L1", dict(delta=False, split=1)),
                                                        strong=True, s0=False, no_dst=True, split=1)),
          ("F2A-fp16-C32-L1", dict(delta=False, per_col=True, C=32, T=100, B=1, dtype="float16", split=1))]
 CASES += [_c(f"seqsplit-{n}", seed=260 + i, **kw) for i, (n, kw) in enumerate(SPLIT)]
+# dlog γ inside _bwd_dqdx where one key tile covers K (gate_fold="on": FALCON_TRITON_GATE_FOLD=on, ours, opt-in and
+# unproven): Falcon-1 and -1A both read orders, Falcon-3 in place (dg on each step's first pseudo-token), Falcon-3A's
+# delayed form (its weights' backward adds to this dg), K = 80 (two key tiles: _bwd_gate as before), packed Falcon-1A
+GF = [("F1-after-C32", dict(delta=True, C=32, T=45)),
+      ("F1A-before-C64-K64", dict(delta=False, after=False, C=64, T=70, B=1, K=64)),
+      ("F3-gather-W4-C64-before", dict(delta=True, W=4, C=64, T=40, B=1, after=False, K=32, V=16, fused=True)),
+      ("F3A-delayed-W4", dict(delta=False, W=4, fused=True, delayed=True)),
+      ("F1-K80-two-tiles", dict(delta=True, C=32, T=45, B=1, K=80, V=16))]
+CASES += [_c(f"gatefold-{n}", gate_fold="on", seed=280 + i, **kw) for i, (n, kw) in enumerate(GF)]
 # Falcon-3 on its host expansion (fused_window=False: FALCON_TRITON_3=expand, and every packed call)
 CASES.append(_c("F3-W4-after", delta=True, W=4, seed=9, fused=False))
 CASES.append(_c("F3-W2-before-C32", delta=True, W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=10,
@@ -397,6 +406,8 @@ VARLEN.append(dict(id="varlen-native-F2A-C64-fused-intra-before", varlen=True, v
                    read="before", shift=False, seed=74, bwd_intra="fused", fwd_inter="fold"))
 VARLEN.append(dict(id="varlen-native-F1A-float32-C16-seqsplit-unsplit", varlen=True, variant="1A", dtype="float32", C=16,
                    seed=78, split=1, split_none=True))
+VARLEN.append(dict(id="varlen-native-F1A-float32-C32-gatefold", varlen=True, variant="1A", dtype="float32", C=32,
+                   seed=79, gate_fold="on"))
 VARLEN += [dict(id=f"varlen-native-F{v}-C32-rowsblock", varlen=True, variant=v, dtype="float32", C=32, seed=66 + i,
                 rows_grid="block") for i, v in enumerate(("2A", "2"))]
 VARLEN += [dict(id=f"varlen-native-F2-C32-{sv}", varlen=True, variant="2", dtype="float32", C=32, seed=68 + i,
@@ -643,6 +654,8 @@ SWITCHES = [
      "FALCON_TRITON_LINEAR_SPLIT must be 'off' or 'on', got 'yes'"),
     (KT + "state_split", "SPLIT_LEN", "FALCON_TRITON_LINEAR_SPLIT_LEN", 32, "3",
      "FALCON_TRITON_LINEAR_SPLIT_LEN must be '2', '4', '8', '16', '32' or '64', got '3'"),
+    (KT + "chunk", "GATE_FOLD", "FALCON_TRITON_GATE_FOLD", "off", "yes",
+     "FALCON_TRITON_GATE_FOLD must be 'off' or 'on', got 'yes'"),
     (KT + "chunk", "DQ_SUM", "FALCON_TRITON_3_DQ_SUM", "kernel", "gpu",
      "FALCON_TRITON_3_DQ_SUM must be 'kernel' or 'host', got 'gpu'"),
     (KT + "pair_sum", "PAIR_SUM", "FALCON_TRITON_3_PAIR_SUM", "triton", "cuda",

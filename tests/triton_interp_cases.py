@@ -196,6 +196,7 @@ if __name__ == "__main__":
     default_a_dtype = kchunk.A_DTYPE
     default_a_inv = kchunk.A_INV
     default_du_dtype = kchunk.DU_DTYPE
+    default_gate_fold = kchunk.GATE_FOLD
     default_dq_sum = kchunk.DQ_SUM
     default_state_dtype = kchunk.STATE_DTYPE
     default_intra = kpercol.INTRA
@@ -262,6 +263,7 @@ if __name__ == "__main__":
         kchunk.A_DTYPE = c.get("a_dtype", default_a_dtype)  # what FALCON_TRITON_A_DTYPE sets
         kchunk.A_INV = c.get("a_inv", default_a_inv)  # what FALCON_TRITON_A_INV sets
         kchunk.DU_DTYPE = c.get("du_dtype", default_du_dtype)  # what FALCON_TRITON_DU_DTYPE sets
+        kchunk.GATE_FOLD = c.get("gate_fold", default_gate_fold)  # what FALCON_TRITON_GATE_FOLD sets
         kchunk.DQ_SUM = c.get("dq_sum", default_dq_sum)  # what FALCON_TRITON_3_DQ_SUM sets
         kchunk.STATE_DTYPE = c.get("state_dtype", default_state_dtype)  # what FALCON_TRITON_STATE_DTYPE sets
         kwl.WL_BWD_BV = c.get("wl_bwd_bv", default_wl_bwd_bv)  # what FALCON_TRITON_3A_BWD_BV sets

@@ -112,6 +112,16 @@ def du_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if DU_DTYPE == "input" else torch.float32
 
 
+# dlog γ of the chunk backward (ours): "off" (_bwd_dqdx writes each key tile's row sums to PART and _bwd_gate forms dg;
+# proven, the default) or "on" (where one key tile covers K, K <= 64: _bwd_dqdx forms dg itself, as _bwd_gate does,
+# from the same sums: one launch, PART's write and read fewer per backward of Falcon-1, -1A, -3 and the 3A scans, whose
+# small shapes are bound by the host's launches: Falcon-1A 1.28 ms of host time per fwd+bwd for 9 launches at
+# (16, 2048, 12, 64), kernels_2026-12-04e/call1). Written 2026-12-04 (twenty-second session); interpreter-tested, not
+# yet run on a GPU (on CUDA only with FALCON_TRITON_UNPROVEN=1).
+GATE_FOLD = env_choice("FALCON_TRITON_GATE_FOLD", "off", ("off", "on"),
+                       "Falcon-1/-1A/-3: dlog γ inside _bwd_dqdx where one key tile covers K (unproven), or _bwd_gate")
+
+
 def inv_groups(group: int) -> int:
     """_fwd_prep's INV_NG: 0 (substitution) or, with A_INV="prod", the power at which the diagonal blocks' L
     vanishes: the groups of `group` rows in a 16-row block (16 when `group` does not divide 16)."""
@@ -807,10 +817,12 @@ def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
               GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr,
-              DQSUM: tl.constexpr):
+              DQSUM: tl.constexpr, VEC=None, DG=None, GATE: tl.constexpr = False):
     """Key tile kt (BK columns) of a chunk: dq, dx from the value loop's dO Sᵀ, U dHᵀ, dY Sᵀ and _bwd_cc's M, Gm;
     the gate row sums of the tile to PART [B, T, H, NKt, 4] (q·dO Sᵀ, x·U dHᵀ, x·dY Sᵀ, Σ dH ⊙ S on the first row).
-    GATHER and DQSUM (DQ_SUM="kernel"): dq per step, its W pseudo-tokens' rows summed here in fp32, DQ [B, T/W, H, K]."""
+    GATHER and DQSUM (DQ_SUM="kernel"): dq per step, its W pseudo-tokens' rows summed here in fp32, DQ [B, T/W, H, K].
+    GATE (GATE_FOLD, one key tile only, ours): dg here from the row sums and _bwd_cc's VEC, as _bwd_gate would form it
+    (no PART, one launch fewer)."""
     kt = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
@@ -835,6 +847,9 @@ def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT,
         PART += bos * H * NKT * 4
         HS += coff * K * V
         DHS += coff * K * V
+        if GATE:
+            VEC += bos * H * 3
+            DG += bos * H
     i = tl.arange(0, C)
     rmask, tok, xtok, stok, gmask, dxtok = _bwd_rows(b, h, n, i, T, XT, XOFF, H, C, GROUP, GATHER)
     dt = Q.dtype.element_ty
@@ -874,11 +889,21 @@ def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT,
             dxy += tl.dot(dYd, tl.trans(Sd), input_precision=PREC)
     q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
     x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
-    pbase = PART + tok * (NKT * 4) + kt * 4
-    tl.store(pbase, tl.sum(q.to(tl.float32) * dq, 1), mask=rmask)
-    tl.store(pbase + 1, tl.sum(x.to(tl.float32) * dxs, 1), mask=rmask)
-    tl.store(pbase + 2, tl.sum(x.to(tl.float32) * dxy, 1), mask=rmask)
-    tl.store(pbase + 3, tl.where(i == 0, sdh, 0.), mask=rmask)
+    if GATE:
+        dgr = _dg_rows(ur, uC, ub, eC, tl.load(VEC + tok * 3, mask=rmask, other=0.),
+                       tl.load(VEC + tok * 3 + 1, mask=rmask, other=0.), tl.load(VEC + tok * 3 + 2, mask=rmask, other=0.),
+                       tl.sum(q.to(tl.float32) * dq, 1), tl.sum(x.to(tl.float32) * dxs, 1),
+                       tl.sum(x.to(tl.float32) * dxy, 1), tl.where(i == 0, sdh, 0.), i, C, DELTA, READ_AFTER, GROUP)
+        if GATHER:  # log γ lives on the first pseudo-token of each step
+            tl.store(DG + stok, dgr, mask=gmask)
+        else:
+            tl.store(DG + tok, dgr, mask=rmask)
+    else:
+        pbase = PART + tok * (NKT * 4) + kt * 4
+        tl.store(pbase, tl.sum(q.to(tl.float32) * dq, 1), mask=rmask)
+        tl.store(pbase + 1, tl.sum(x.to(tl.float32) * dxs, 1), mask=rmask)
+        tl.store(pbase + 2, tl.sum(x.to(tl.float32) * dxy, 1), mask=rmask)
+        tl.store(pbase + 3, tl.where(i == 0, sdh, 0.), mask=rmask)
     M = tl.load(MM + tok[:, None] * C + i[None, :], mask=rmask[:, None], other=0.)
     dq = dq * tl.exp(ur)[:, None] + tl.dot(M, x, input_precision=PREC)
     dx = dxs * eC[:, None]
@@ -901,6 +926,25 @@ def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT,
     else:
         tl.store(DQ + tok[:, None] * K + ck[None, :], dq.to(DQ.dtype.element_ty), mask=km)
     tl.store(DX + dxtok[:, None] * K + ck[None, :], dx.to(DX.dtype.element_ty), mask=km)
+
+
+@triton.jit
+def _dg_rows(ur, uC, ub, eC, d_ur, d_ub, d_u, pq, px, py, sdh, i, C: tl.constexpr, DELTA: tl.constexpr,
+             READ_AFTER: tl.constexpr, GROUP: tl.constexpr):
+    """A chunk's dlog γ from _bwd_cc's gate vectors (d_ur, d_ub, d_u) and the key-summed row sums pq = q·(dO Sᵀ),
+    px = x·(U dHᵀ), py = x·(dY Sᵀ) and sdh = Σ dH ⊙ S (its sum over the rows is the one used)."""
+    d_ur += tl.exp(ur) * pq
+    Y = eC * px
+    duC = tl.sum(sdh, 0) * tl.exp(uC) + tl.sum(Y, 0)
+    d_u -= Y
+    if DELTA:
+        d_ub -= tl.exp(ub) * py
+    d_u += d_ur + d_ub
+    d_u += tl.where(i == C - 1, duC, 0.)
+    dg = tl.cumsum(d_u, 0, reverse=True) - _gseg(d_ub, i, GROUP)
+    if not READ_AFTER:
+        dg -= _gseg(d_ur, i, GROUP)
+    return dg
 
 
 @triton.jit
@@ -935,17 +979,7 @@ def _bwd_gate(G, VEC, PART, DG, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, C
         px += tl.load(pbase + 1, mask=rmask, other=0.)
         py += tl.load(pbase + 2, mask=rmask, other=0.)
         sdh += tl.load(pbase + 3, mask=rmask, other=0.)
-    d_ur += tl.exp(ur) * pq
-    Y = eC * px
-    duC = tl.sum(sdh, 0) * tl.exp(uC) + tl.sum(Y, 0)
-    d_u -= Y
-    if DELTA:
-        d_ub -= tl.exp(ub) * py
-    d_u += d_ur + d_ub
-    d_u += tl.where(i == C - 1, duC, 0.)
-    dg = tl.cumsum(d_u, 0, reverse=True) - _gseg(d_ub, i, GROUP)
-    if not READ_AFTER:
-        dg -= _gseg(d_ur, i, GROUP)
+    dg = _dg_rows(ur, uC, ub, eC, d_ur, d_ub, d_u, pq, px, py, sdh, i, C, DELTA, READ_AFTER, GROUP)
     if GATHER:  # log γ lives on the first pseudo-token of each step
         tl.store(DG + stok, dg, mask=gmask)
     else:
@@ -1068,14 +1102,24 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     dqsum = gather and DQ_SUM == "kernel"  # dq per step from _bwd_dqdx, not per pseudo-token
     dq = _empty((B, T, H, K) if gather and not dqsum else q.shape, q.dtype, dev)
     dx = grad((B, T, H, K) if gather else x.shape, x.dtype)
-    PART = _empty((B, T, H, cdiv(K, BKt), 4), f32, dev)  # the key tiles' row sums
-    _bwd_dqdx[(cdiv(K, BKt), NT, B * H)](q, x, v, R, eta, g, HS, DHS, dO, dv, MM, GM, dq, dx, PART, T, XT, xoff,
-                                         NT, H, K, V, C, BKt, BVt, delta, read_after, prec, group, gather, *va,
-                                         dqsum, num_warps=wt, **st)
-    DHS = MM = GM = None
-    dg = _empty(g.shape, g.dtype, dev)
-    _bwd_gate[(NT, B * H)](g, VEC, PART, dg, T, XT, xoff, H, K, C, BKt, delta, read_after, group, gather, *va,
-                           num_warps=2)
+    if GATE_FOLD == "on" and cdiv(K, BKt) == 1:  # dg inside _bwd_dqdx (one key tile): no PART, no _bwd_gate
+        if dev.type == "cuda" and not UNPROVEN:
+            raise RuntimeError("FALCON_TRITON_GATE_FOLD=on is not yet proven on the H200; it runs on CUDA only with "
+                               "FALCON_TRITON_UNPROVEN=1 (=off is proven)")
+        dg = _empty(g.shape, g.dtype, dev)
+        _bwd_dqdx[(1, NT, B * H)](q, x, v, R, eta, g, HS, DHS, dO, dv, MM, GM, dq, dx, eta, T, XT, xoff, NT, H, K, V, C,
+                                  BKt, BVt, delta, read_after, prec, group, gather, *va, dqsum, VEC, dg, True,
+                                  num_warps=wt, **st)
+        DHS = MM = GM = PART = None
+    else:
+        PART = _empty((B, T, H, cdiv(K, BKt), 4), f32, dev)  # the key tiles' row sums
+        _bwd_dqdx[(cdiv(K, BKt), NT, B * H)](q, x, v, R, eta, g, HS, DHS, dO, dv, MM, GM, dq, dx, PART, T, XT, xoff,
+                                             NT, H, K, V, C, BKt, BVt, delta, read_after, prec, group, gather, *va,
+                                             dqsum, num_warps=wt, **st)
+        DHS = MM = GM = None
+        dg = _empty(g.shape, g.dtype, dev)
+        _bwd_gate[(NT, B * H)](g, VEC, PART, dg, T, XT, xoff, H, K, C, BKt, delta, read_after, group, gather, *va,
+                               num_warps=2)
     VEC = PART = None
     if gather:
         W = group
