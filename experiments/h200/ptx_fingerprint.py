@@ -135,7 +135,7 @@ def _record(tree: str, quick: bool):
         variants += [("2A-blocked-fused", 0, 1, 1, "blocked-fused"), ("2-blocked-fused", 1, 1, 1, "blocked-fused")]
     try:  # the linear state passes split along the sequence (since 2026-12-04): pieces of one chunk here
         import falcon_lab.kernels.triton.state_split as ksplit_seq
-        variants += [("1A-split", 0, 0, 1, "split"), ("3A-delayed-split", 0, 0, 4, "split")]
+        variants += [("1A-split", 0, 0, 1, "split"), ("3A-delayed-split", 0, 0, 4, "split"), ("2A-split", 0, 1, 1, "split")]
     except ImportError:
         ksplit_seq = None
     if "cu_seqlens" in inspect.signature(ft.core).parameters:  # packed sequences in the kernels (since 2026-12-02)
@@ -160,7 +160,7 @@ def _record(tree: str, quick: bool):
                         return q, xw, vw, eta, g, S0
                     kw = dict(delta=bool(delta), window=W, read_after=ra)
                     if hasattr(kpercol, "INTRA"):
-                        kpercol.INTRA = "blocked" if fused in ("blocked", "blocked-fused") else "exact"
+                        kpercol.INTRA = "blocked" if fused in ("blocked", "blocked-fused", "split") else "exact"
                     if hasattr(kpercol, "BWD_INTRA"):
                         kpercol.BWD_INTRA = "fused" if fused == "blocked-fused" else "split"
                     if ksplit_seq is not None:

@@ -61,24 +61,41 @@ def check_proven(device: torch.device):
 
 
 @triton.jit
+def _piece_start(P, HAS: tl.constexpr, AT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                 BV: tl.constexpr, NKB: tl.constexpr):
+    """A piece program's ids and tile, and the state it starts from: P's (b, h) tile (S0, dS_T) if HAS and this is
+    piece AT, else zero. The value block's first key tile writes its columns' decays (`first`, a [BV] mask: the
+    interpreter takes no scalar in a block mask)."""
+    t = tl.program_id(0)
+    bh = tl.program_id(1)
+    p = tl.program_id(2)
+    ck, kmask, cv, vmask, smask, soff = _state_tile_k(t, K, V, BK, BV, NKB)
+    bh64 = bh.to(tl.int64)
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS:
+        S = tl.where(p == AT, tl.load(P + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32), 0.)
+    return p, bh // H, bh % H, bh64, ck, kmask, cv, vmask, smask, soff, S, (cv * 0 + t) % NKB == 0
+
+
+@triton.jit
+def _rows_or_cols(P, tok, rmask, vm, cv, C: tl.constexpr, BV: tl.constexpr, V: tl.constexpr, PER_COL: tl.constexpr):
+    """A chunk's η or log γ as [C, BV] fp32: per value column (PER_COL, Falcon-2A) or per step, broadcast over the
+    tile's columns (Falcon-1A)."""
+    if PER_COL:
+        out = tl.load(P + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+    else:
+        out = tl.load(P + tok, mask=rmask, other=0.).to(tl.float32)[:, None] + tl.zeros([C, BV], dtype=tl.float32)
+    return out
+
+
+@triton.jit
 def _fwd_state_split(X, VV, ETA, G, S0, HS, SL, DC, DL, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKB: tl.constexpr,
                      L: tl.constexpr, NP, HAS_S0: tl.constexpr, PREC: tl.constexpr, PER_COL: tl.constexpr):
     """Piece p (program axis 2) of the forward linear pass: chunks p·L .. p·L + L - 1 from zero (piece 0 from S0).
-    PER_COL (Falcon-2A, percol.py): η and log γ per value column, the decays per column; else per step (chunk.py)."""
-    t = tl.program_id(0)
-    bh = tl.program_id(1)
-    p = tl.program_id(2)
-    b = bh // H
-    h = bh % H
+    PER_COL (Falcon-2A, percol.py): η and log γ per value column; else per step (chunk.py)."""
+    p, b, h, bh64, ck, kmask, cv, vmask, smask, soff, S, first = _piece_start(S0, HAS_S0, 0, H, K, V, BK, BV, NKB)
     i = tl.arange(0, C)
-    ck, kmask, cv, vmask, smask, soff = _state_tile_k(t, K, V, BK, BV, NKB)
-    bh64 = bh.to(tl.int64)
-    S = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_S0:
-        S = tl.where(p == 0, tl.load(S0 + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32), 0.)
-    first = (cv * 0 + t) % NKB == 0  # the value block's first key tile writes its columns' decays ([BV]: the
-    # interpreter takes no scalar in a block mask)
     dsum = tl.zeros([BV], dtype=tl.float32)
     for r in range(0, L):
         n = p * L + r
@@ -91,22 +108,12 @@ def _fwd_state_split(X, VV, ETA, G, S0, HS, SL, DC, DL, T, XT, XOFF, NT, H: tl.c
         x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
         vm = rmask[:, None] & vmask[None, :]
         v = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
-        if PER_COL:
-            eta = tl.load(ETA + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
-            g = tl.load(G + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
-            u = tl.cumsum(g, 0)
-            uC = tl.sum(g, 0)
-            w = v * eta * tl.exp(tl.minimum(uC[None, :] - u, 0.))
-            S = S * tl.exp(uC)[None, :] + tl.dot(tl.trans(x), w.to(x.dtype), input_precision=PREC)
-            dsum += uC
-        else:
-            eta = tl.load(ETA + tok, mask=rmask, other=0.).to(tl.float32)
-            g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
-            u = tl.cumsum(g, 0)
-            uC = tl.sum(g, 0)
-            w = v * (eta * tl.exp(tl.minimum(uC - u, 0.)))[:, None]
-            S = S * tl.exp(uC) + tl.dot(tl.trans(x), w.to(x.dtype), input_precision=PREC)
-            dsum += uC
+        g = _rows_or_cols(G, tok, rmask, vm, cv, C, BV, V, PER_COL)
+        u = tl.cumsum(g, 0)
+        uC = tl.sum(g, 0)
+        w = v * _rows_or_cols(ETA, tok, rmask, vm, cv, C, BV, V, PER_COL) * tl.exp(tl.minimum(uC[None, :] - u, 0.))
+        S = S * tl.exp(uC)[None, :] + tl.dot(tl.trans(x), w.to(x.dtype), input_precision=PREC)
+        dsum += uC
     tl.store(SL + (bh64 * NP + p) * K * V + soff, S, mask=smask)
     tl.store(DL + (bh64 * NP + p) * V + cv, dsum, mask=vmask & first)
 
@@ -118,18 +125,9 @@ def _bwd_state_split(Q, G, DO, DST, DHS, SL, DC, DL, T, NT, H: tl.constexpr, K: 
     """Piece p of the reverse linear pass (chunk.py _bwd_state / percol.py _pc_bwd_state with NKB key tiles: DU is not
     touched): chunks from p·L + L - 1 down to p·L from zero (the last piece from dS_T); DHS[n] the local gradient at
     chunk n's end."""
-    t = tl.program_id(0)
-    bh = tl.program_id(1)
-    p = tl.program_id(2)
-    b = bh // H
-    h = bh % H
+    p, b, h, bh64, ck, kmask, cv, vmask, smask, soff, dH, first = _piece_start(DST, HAS_DST, NP - 1, H, K, V, BK, BV,
+                                                                              NKB)
     i = tl.arange(0, C)
-    ck, kmask, cv, vmask, smask, soff = _state_tile_k(t, K, V, BK, BV, NKB)
-    bh64 = bh.to(tl.int64)
-    dH = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_DST:
-        dH = tl.where(p == NP - 1, tl.load(DST + bh64 * K * V + soff, mask=smask, other=0.).to(tl.float32), 0.)
-    first = (cv * 0 + t) % NKB == 0
     dsum = tl.zeros([BV], dtype=tl.float32)
     for r in range(0, L):
         n = p * L + (L - 1 - r)
@@ -141,24 +139,14 @@ def _bwd_state_split(Q, G, DO, DST, DHS, SL, DC, DL, T, NT, H: tl.constexpr, K: 
         q = tl.load(Q + tok[:, None] * K + ck[None, :], mask=rmask[:, None] & kmask[None, :], other=0.)
         vm = rmask[:, None] & vmask[None, :]
         do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
-        if PER_COL:
-            g = tl.load(G + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
-            u = tl.cumsum(g, 0)
-            uC = tl.sum(g, 0)
-            if READ_AFTER:
-                ur = u
-            else:
-                ur = u - g
-            dH = dH * tl.exp(uC)[None, :] + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(q.dtype), input_precision=PREC)
+        g = _rows_or_cols(G, tok, rmask, vm, cv, C, BV, V, PER_COL)
+        u = tl.cumsum(g, 0)
+        uC = tl.sum(g, 0)
+        if READ_AFTER:
+            ur = u
         else:
-            g = tl.load(G + tok, mask=rmask, other=0.).to(tl.float32)
-            u = tl.cumsum(g, 0)
-            uC = tl.sum(g, 0)
-            if READ_AFTER:
-                ur = u
-            else:
-                ur = u - g
-            dH = dH * tl.exp(uC) + tl.dot(tl.trans(q), (do * tl.exp(ur)[:, None]).to(q.dtype), input_precision=PREC)
+            ur = u - g
+        dH = dH * tl.exp(uC)[None, :] + tl.dot(tl.trans(q), (do * tl.exp(ur)).to(q.dtype), input_precision=PREC)
         dsum += uC
     tl.store(SL + (bh64 * NP + p) * K * V + soff, dH, mask=smask)
     tl.store(DL + (bh64 * NP + p) * V + cv, dsum, mask=vmask & first)
