@@ -38,7 +38,8 @@ from .host import UNPROVEN, env_choice
 # at least two pieces and fewer than STATE_PROGRAMS programs (a starved GPU). Written 2026-12-04 (twenty-second
 # session); interpreter-tested, not yet run on a GPU (on CUDA only with FALCON_TRITON_UNPROVEN=1).
 LINEAR_SPLIT = env_choice("FALCON_TRITON_LINEAR_SPLIT", "off", ("off", "on"),
-                          "Falcon-1A / the 3A scans: the linear state passes split along the sequence (unproven)")
+                          "Falcon-1A, the 3A scans, Falcon-2A: the linear state passes split along the sequence "
+                          "(unproven)")
 # Chunks a piece: 32 unless FALCON_TRITON_LINEAR_SPLIT_LEN says otherwise (a check at real sizes sets a small one so
 # that its rows split; the interpreter tests set this attribute to 1 or 2)
 SPLIT_LEN = int(env_choice("FALCON_TRITON_LINEAR_SPLIT_LEN", "32", ("2", "4", "8", "16", "32", "64"),
