@@ -732,6 +732,23 @@ def test_kernel_switch_defaults_and_typos(module, attr, var, default, typo, msg,
         assert out["returncode"] != 0 and msg in out["stderr"], out["stderr"][-500:]
 
 
+def test_unproven_forms_are_refused_on_cuda_only(monkeypatch):
+    """host.refuse_unproven, the one gate of every opt-in kernel form not yet proven on the H200: a CUDA device is
+    refused, naming the setting and the proven value, unless FALCON_TRITON_UNPROVEN=1; CPU tensors (the interpreter)
+    pass."""
+    import torch
+
+    from falcon_lab.kernels.triton import host
+
+    monkeypatch.setattr(host, "UNPROVEN", False)
+    with pytest.raises(RuntimeError, match=r"FALCON_TRITON_A_INV=prod is not yet proven on the H200; .*"
+                                           r"FALCON_TRITON_UNPROVEN=1 \(=subst is proven\)"):
+        host.refuse_unproven(torch.device("cuda"), "FALCON_TRITON_A_INV=prod", "=subst")
+    host.refuse_unproven(torch.device("cpu"), "FALCON_TRITON_A_INV=prod", "=subst")
+    monkeypatch.setattr(host, "UNPROVEN", True)
+    host.refuse_unproven(torch.device("cuda"), "FALCON_TRITON_A_INV=prod", "=subst")
+
+
 def test_forking_importer_sees_a_fresh_environment():
     """import_many_with's children import falcon_lab afresh: a valid value is taken, a typo is refused, the same
     switch in two children is read twice (not cached between them)."""

@@ -40,7 +40,7 @@ import triton.language as tl
 from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _state_init,  # noqa: F401
                      _state_put, _state_tile, _state_tile_k, _varlen_chunk, _varlen_seq, cdiv, launch,
                      linear_state_tiles, state_bv, state_opts, varlen_args)
-from .host import UNPROVEN, env_choice
+from .host import env_choice, refuse_unproven
 from .pair_sum import pair_sum
 from .state_split import bwd_state_split, fwd_state_split, split_pieces
 
@@ -1020,9 +1020,8 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         R = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
         iprec = prec if (q.dtype == torch.float32 or dev.type == "cpu") else "tf32"
         ng = inv_groups(group)
-        if ng and dev.type == "cuda" and not UNPROVEN:
-            raise RuntimeError("FALCON_TRITON_A_INV=prod is not yet proven on the H200; it runs on CUDA only with "
-                               "FALCON_TRITON_UNPROVEN=1 (=subst is proven)")
+        if ng:
+            refuse_unproven(dev, "FALCON_TRITON_A_INV=prod", "=subst")
         _fwd_prep[(NT, B * H)](x, v, eta, g, A, WT, VT, T, XT, xoff, H, K, V, C, BK, BVo, prec, iprec, group, gather,
                                *va, ng, **st)
     else:
@@ -1057,9 +1056,8 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     XT = x.shape[1] if cu_seqlens is None else (x.shape[1] - T) // NS  # packed: each sequence's carried pair rows
     f32 = torch.float32
     DU = None
-    if DU_DTYPE != "fp32" and dev.type == "cuda" and not UNPROVEN:
-        raise RuntimeError("FALCON_TRITON_DU_DTYPE=input is not yet proven on the H200; it runs on CUDA only with "
-                           "FALCON_TRITON_UNPROVEN=1 (=fp32 is proven)")
+    if DU_DTYPE != "fp32":
+        refuse_unproven(dev, "FALCON_TRITON_DU_DTYPE=input", "=fp32")
     NP = split_pieces(NT, cdiv(V, BVs) * NKB * NS * H, not delta, cu_seqlens is None and group == 1)
     if NKB == 1 and not NP:  # DU's intra part first, its state part added by _bwd_state
         DU = torch.empty(B, T, H, V, dtype=du_dtype(q.dtype), device=dev)
@@ -1103,14 +1101,12 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     dq = _empty((B, T, H, K) if gather and not dqsum else q.shape, q.dtype, dev)
     dx = grad((B, T, H, K) if gather else x.shape, x.dtype)
     if GATE_FOLD == "on" and cdiv(K, BKt) == 1:  # dg inside _bwd_dqdx (one key tile): no PART, no _bwd_gate
-        if dev.type == "cuda" and not UNPROVEN:
-            raise RuntimeError("FALCON_TRITON_GATE_FOLD=on is not yet proven on the H200; it runs on CUDA only with "
-                               "FALCON_TRITON_UNPROVEN=1 (=off is proven)")
+        refuse_unproven(dev, "FALCON_TRITON_GATE_FOLD=on", "=off")
         dg = _empty(g.shape, g.dtype, dev)
         _bwd_dqdx[(1, NT, B * H)](q, x, v, R, eta, g, HS, DHS, dO, dv, MM, GM, dq, dx, eta, T, XT, xoff, NT, H, K, V, C,
                                   BKt, BVt, delta, read_after, prec, group, gather, *va, dqsum, VEC, dg, True,
                                   num_warps=wt, **st)
-        DHS = MM = GM = PART = None
+        DHS = MM = GM = None
     else:
         PART = _empty((B, T, H, cdiv(K, BKt), 4), f32, dev)  # the key tiles' row sums
         _bwd_dqdx[(cdiv(K, BKt), NT, B * H)](q, x, v, R, eta, g, HS, DHS, dO, dv, MM, GM, dq, dx, PART, T, XT, xoff,

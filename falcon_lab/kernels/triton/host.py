@@ -37,6 +37,14 @@ UNPROVEN = env_choice("FALCON_TRITON_UNPROVEN", "0", ("0", "1"),
                       "1: run kernel paths not yet proven on the H200 on CUDA too") == "1"
 
 
+def refuse_unproven(device, setting: str, proven: str) -> None:
+    """Refuse a kernel path not yet proven on the H200 on CUDA unless FALCON_TRITON_UNPROVEN=1 (CPU tensors run it under
+    the interpreter): `setting` is the switch as set ("VAR=value"), `proven` the value that is."""
+    if device.type == "cuda" and not UNPROVEN:
+        raise RuntimeError(f"{setting} is not yet proven on the H200; it runs on CUDA only with "
+                           f"FALCON_TRITON_UNPROVEN=1 ({proven} is proven)")
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for positive b (what triton.cdiv computes)."""
     return -(-int(a) // int(b))

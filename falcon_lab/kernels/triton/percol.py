@@ -38,7 +38,7 @@ import triton.language as tl
 from . import common
 from .common import (_chunk_rows, _empty, _np2, _state_init, _state_put, _state_tile, _state_tile_k, _varlen_chunk,
                      _varlen_seq, cdiv, launch, linear_state_tiles, varlen_args)
-from .host import UNPROVEN, env_choice
+from .host import env_choice, refuse_unproven
 from .state_split import bwd_state_split, fwd_state_split, split_pieces
 
 SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per program)
@@ -906,11 +906,8 @@ def fwd_out(q, x, v, eta, g, HS, T, NT, H, K, V, C, BK, BVo, read_after, prec, v
     _pc_fwd_intra_sb."""
     B = q.shape[0]
     O = _empty((B, T, H, V), q.dtype, q.device)
-    fold = FWD_INTER == "fold" and INTRA == "blocked" and FWD_GRID == "block"
-    if fold and q.device.type == "cuda" and not UNPROVEN:
-        raise RuntimeError("FALCON_TRITON_2A_FWD_INTER=fold is not yet proven on the H200; it runs on CUDA only with "
-                           "FALCON_TRITON_UNPROVEN=1 (=kernel is proven)")
-    if fold:
+    if FWD_INTER == "fold" and INTRA == "blocked" and FWD_GRID == "block":
+        refuse_unproven(q.device, "FALCON_TRITON_2A_FWD_INTER=fold", "=kernel")
         fwd_intra(q, x, v, eta, g, O, O, T, NT, H, K, V, C, BK, read_after, prec, va, st, HS=HS)
         return O
     OF = torch.empty(B, T, H, V, dtype=torch.float32, device=q.device)
@@ -958,9 +955,8 @@ def bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta,
         BVi = min(32, _np2(V))
         dg_args = diag_args(q.dtype, prec)
         fused = BWD_INTRA == "fused"
-        if fused and q.device.type == "cuda" and not UNPROVEN:
-            raise RuntimeError("FALCON_TRITON_2A_BWD_INTRA=fused is not yet proven on the H200; it runs on CUDA only "
-                               "with FALCON_TRITON_UNPROVEN=1 (=split is proven)")
+        if fused:
+            refuse_unproven(q.device, "FALCON_TRITON_2A_BWD_INTRA=fused", "=split")
         BVr = min(FUSED_BV, _np2(V)) if fused else min(int(ROWS_BV), _np2(V))
         NMP = cdiv(V, BVr) if fused or ROWS_GRID == "tile" else 1  # M's parts, one per value tile, summed in main
         MM = torch.empty(B, T, H, NMP, C, dtype=torch.float32, device=q.device)

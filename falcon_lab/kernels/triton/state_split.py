@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .common import STATE_PROGRAMS, _state_tile_k, cdiv
-from .host import UNPROVEN, env_choice
+from .host import env_choice, refuse_unproven
 
 # "off" (the proven single pass, the default) or "on": split a linear pass into pieces of SPLIT_LEN chunks where it has
 # at least two pieces and fewer than STATE_PROGRAMS programs (a starved GPU). Written 2026-12-04 (twenty-second
@@ -53,12 +53,6 @@ def split_pieces(NT: int, programs: int, linear: bool, dense: bool) -> int:
         return 0
     G = cdiv(NT, SPLIT_LEN)
     return G if G >= 2 and programs < STATE_PROGRAMS else 0
-
-
-def check_proven(device: torch.device):
-    if device.type == "cuda" and not UNPROVEN:
-        raise RuntimeError("FALCON_TRITON_LINEAR_SPLIT=on is not yet proven on the H200; it runs on CUDA only with "
-                           "FALCON_TRITON_UNPROVEN=1 (=off is proven)")
 
 
 @triton.jit
@@ -204,7 +198,7 @@ def fwd_state_split(x, v, eta, g, S0, HS, ST, T, XT, xoff, NT, H, K, V, C, BK, B
                     per_col=False):
     """The forward linear pass in NP pieces: HS (the state at each chunk's start) and ST, as chunk.py's _fwd_state
     (per_col: percol.py's _pc_fwd_state)."""
-    check_proven(x.device)
+    refuse_unproven(x.device, "FALCON_TRITON_LINEAR_SPLIT=on", "=off")
     NSH = HS.shape[0] * H
     SL, DC, DL, CARRY = _buffers(NSH, NP, NT, K, V, x.device)
     tiles = cdiv(V, BV) * NKB
@@ -217,7 +211,7 @@ def fwd_state_split(x, v, eta, g, S0, HS, ST, T, XT, xoff, NT, H, K, V, C, BK, B
 def bwd_state_split(q, g, dO, dST, DHS, DS0, T, NT, H, K, V, C, BK, BV, NKB, NP, read_after, prec, st,
                     per_col=False):
     """The reverse linear pass in NP pieces: DHS (the gradient at each chunk's end) and DS0 (if not None)."""
-    check_proven(q.device)
+    refuse_unproven(q.device, "FALCON_TRITON_LINEAR_SPLIT=on", "=off")
     NSH = DHS.shape[0] * H
     SL, DC, DL, CARRY = _buffers(NSH, NP, NT, K, V, q.device)
     tiles = cdiv(V, BV) * NKB
