@@ -269,7 +269,6 @@ def _compile_all(records):
             raise _Ptx(str(src))
         stages["cubin" if STAGE == "ptx" else "ttgir"] = stop
 
-    knobs.runtime.add_stages_inspection_hook = stop_at_ptx
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     binders, done, out = {}, {}, {}
