@@ -156,6 +156,25 @@ SPLIT = [("F1A-after-L1", dict(delta=False, split=1)),
                                                        strong=True, s0=False, no_dst=True, split=1)),
          ("F2A-fp16-C32-L1", dict(delta=False, per_col=True, C=32, T=100, B=1, dtype="float16", split=1))]
 CASES += [_c(f"seqsplit-{n}", seed=260 + i, **kw) for i, (n, kw) in enumerate(SPLIT)]
+# the delta rule's state passes split along the sequence (dsplit=L: FALCON_TRITON_DELTA_SPLIT=on with pieces of L
+# chunks instead of 32, ours, opt-in and unproven; delta_split.py: pieces as a batch, each piece's transition as K
+# identity columns, a carry over the pieces, then the proven passes per piece): Falcon-1 both read orders, pieces of
+# one and two chunks, masked key and value tiles (K = 48, V = 80: the transition's columns in tiles of the value
+# tile), no S0 / dS_T, fp16 with strong decay; Falcon-3 in place (its pair stream copied per piece with W - 1 rows of
+# overlap; B = 1 too, where a reshape alone returned the overlapping view itself), fp16 before, no dS_T;
+# `dsplit_off` 0 when every call split; calls it must leave whole (`dsplit_on` 0): T not a multiple of the chunk
+# (Falcon-1 and -3), Falcon-1A (the linear rule)
+DSPLIT = [("F1-after-L1", dict(T=64, dsplit=1)),
+          ("F1-before-C32-K48-V80-L2", dict(after=False, C=32, T=128, B=1, K=48, V=80, dsplit=2)),
+          ("F1-no-S0-no-dST-L1", dict(T=48, B=1, s0=False, no_dst=True, dsplit=1)),
+          ("F1-fp16-strong-decay-C32-L1", dict(C=32, T=64, B=1, dtype="float16", strong=True, dsplit=1)),
+          ("F3-W4-L1", dict(W=4, T=16, dsplit=1)),
+          ("F3-W2-before-fp16-no-dST-C32-L2", dict(W=2, after=False, C=32, T=64, B=1, K=32, dtype="float16",
+                                                    no_dst=True, dsplit=2)),
+          ("F1-T37-unsplit", dict(dsplit=1, dsplit_none=True)),
+          ("F3-W4-T17-unsplit", dict(W=4, T=17, B=1, dsplit=1, dsplit_none=True)),
+          ("F1A-unsplit", dict(delta=False, T=64, dsplit=1, dsplit_none=True))]
+CASES += [_c(f"dsplit-{n}", seed=300 + i, **kw) for i, (n, kw) in enumerate(DSPLIT)]
 # dlog γ inside _bwd_dqdx where one key tile covers K (gate_fold="on": FALCON_TRITON_GATE_FOLD=on, ours, opt-in and
 # unproven): Falcon-1 and -1A both read orders, Falcon-3 in place (dg on each step's first pseudo-token), Falcon-3A's
 # delayed form (its weights' backward adds to this dg), K = 80 (two key tiles: _bwd_gate as before), packed Falcon-1A
@@ -406,6 +425,8 @@ VARLEN.append(dict(id="varlen-native-F2A-C64-fused-intra-before", varlen=True, v
                    read="before", shift=False, seed=74, bwd_intra="fused", fwd_inter="fold"))
 VARLEN.append(dict(id="varlen-native-F1A-float32-C16-seqsplit-unsplit", varlen=True, variant="1A", dtype="float32", C=16,
                    seed=78, split=1, split_none=True))
+VARLEN.append(dict(id="varlen-native-F1-float32-C16-dsplit-unsplit", varlen=True, variant="1", dtype="float32", C=16,
+                   seed=80, dsplit=1, dsplit_none=True))  # packed calls keep the single pass (delta_split.py)
 VARLEN.append(dict(id="varlen-native-F1A-float32-C32-gatefold", varlen=True, variant="1A", dtype="float32", C=32,
                    seed=79, gate_fold="on"))
 VARLEN += [dict(id=f"varlen-native-F{v}-C32-rowsblock", varlen=True, variant=v, dtype="float32", C=32, seed=66 + i,
@@ -654,6 +675,10 @@ SWITCHES = [
      "FALCON_TRITON_LINEAR_SPLIT must be 'off' or 'on', got 'yes'"),
     (KT + "state_split", "SPLIT_LEN", "FALCON_TRITON_LINEAR_SPLIT_LEN", 32, "3",
      "FALCON_TRITON_LINEAR_SPLIT_LEN must be '2', '4', '8', '16', '32' or '64', got '3'"),
+    (KT + "delta_split", "DELTA_SPLIT", "FALCON_TRITON_DELTA_SPLIT", "off", "yes",
+     "FALCON_TRITON_DELTA_SPLIT must be 'off' or 'on', got 'yes'"),
+    (KT + "delta_split", "DELTA_SPLIT_LEN", "FALCON_TRITON_DELTA_SPLIT_LEN", 32, "3",
+     "FALCON_TRITON_DELTA_SPLIT_LEN must be '1', '2', '4', '8', '16', '32' or '64', got '3'"),
     (KT + "chunk", "GATE_FOLD", "FALCON_TRITON_GATE_FOLD", "off", "yes",
      "FALCON_TRITON_GATE_FOLD must be 'off' or 'on', got 'yes'"),
     (KT + "chunk", "DQ_SUM", "FALCON_TRITON_3_DQ_SUM", "kernel", "gpu",

@@ -234,6 +234,15 @@ if __name__ == "__main__":
         seen_np.append(out)
         return out
     kchunk.split_pieces = kpercol.split_pieces = seen_pieces
+    import falcon_lab.kernels.triton.delta_split as kds
+    default_delta_split, default_dsplit_len = kds.DELTA_SPLIT, kds.DELTA_SPLIT_LEN
+    dpieces, seen_dp = kds.dsplit_pieces, []
+
+    def seen_dpieces(*a):  # the pieces of every delta-rule call chunk.py runs (0: the single pass), for dsplit cases
+        out = dpieces(*a)
+        seen_dp.append(out)
+        return out
+    kds.dsplit_pieces = seen_dpieces
     for c in cases:
         # what FALCON_TRITON_3A=delayed / =banded / =scans sets (the fused=True Falcon-3A cases are the banded scan's;
         # Falcon-3's `fused` is not read by this switch); none: the default (delayed since 2026-12-04) or the env's
@@ -271,8 +280,12 @@ if __name__ == "__main__":
         # what FALCON_TRITON_LINEAR_SPLIT=on sets, with pieces of `split` chunks (so that the small cases split)
         ksplit_seq.LINEAR_SPLIT = "on" if c.get("split") else default_linear_split
         ksplit_seq.SPLIT_LEN = c.get("split", default_split_len)
+        # what FALCON_TRITON_DELTA_SPLIT=on sets, with pieces of `dsplit` chunks (so that the small cases split)
+        kds.DELTA_SPLIT = "on" if c.get("dsplit") else default_delta_split
+        kds.DELTA_SPLIT_LEN = c.get("dsplit", default_dsplit_len)
         seen_nkb.clear()
         seen_np.clear()
+        seen_dp.clear()
         t0 = time.perf_counter()
         try:
             if c.get("recompute"):
@@ -326,6 +339,10 @@ if __name__ == "__main__":
                 res["split_on"] = float(any(n > 0 for n in seen_np))
             elif c.get("split"):  # every linear state pass ran in pieces (0 when each did, forward and backward)
                 res["split_off"] = float(not seen_np or min(seen_np) < 2)
+            if c.get("dsplit_none"):  # calls the delta split must leave whole: 0 when none split
+                res["dsplit_on"] = float(any(n > 0 for n in seen_dp))
+            elif c.get("dsplit"):  # every delta-rule call ran in pieces (0 when each did, forward and backward)
+                res["dsplit_off"] = float(not seen_dp or min(seen_dp) < 2)
             if c.get("ksplit_none"):  # a delta rule's state passes: none split (0 when none did)
                 res["ksplit_on"] = float(any(n > 1 for n in seen_nkb))
             elif c.get("ksplit"):  # every linear state pass split its keys (0 when each did, forward and backward)

@@ -138,6 +138,11 @@ def _record(tree: str, quick: bool):
         variants += [("1A-split", 0, 0, 1, "split"), ("3A-delayed-split", 0, 0, 4, "split"), ("2A-split", 0, 1, 1, "split")]
     except ImportError:
         ksplit_seq = None
+    try:  # the delta rule's passes split along the sequence (since 2026-12-05): pieces of one chunk, T = 128
+        import falcon_lab.kernels.triton.delta_split as kdsplit
+        variants += [("1-dsplit", 1, 0, 1, "dsplit"), ("3-gather-dsplit", 1, 0, 4, "dsplit")]
+    except ImportError:
+        kdsplit = None
     if "cu_seqlens" in inspect.signature(ft.core).parameters:  # packed sequences in the kernels (since 2026-12-02)
         variants += [(f"{v}-varlen", d, pc, w, "varlen") for v, d, pc, w in (("1", 1, 0, 1), ("1A", 0, 0, 1),
                                                                              ("2", 1, 1, 1), ("2A", 0, 1, 1),
@@ -165,7 +170,9 @@ def _record(tree: str, quick: bool):
                         kpercol.BWD_INTRA = "fused" if fused == "blocked-fused" else "split"
                     if ksplit_seq is not None:
                         ksplit_seq.LINEAR_SPLIT, ksplit_seq.SPLIT_LEN = ("on", 1) if fused == "split" else ("off", 32)
-                    if fused in ("blocked", "blocked-fused", "split"):
+                    if kdsplit is not None:
+                        kdsplit.DELTA_SPLIT, kdsplit.DELTA_SPLIT_LEN = ("on", 1) if fused == "dsplit" else ("off", 32)
+                    if fused in ("blocked", "blocked-fused", "split", "dsplit"):
                         pass
                     elif fused == "varlen":  # two packed sequences of 37 and 63 tokens (B = 1)
                         kw["cu_seqlens"] = torch.tensor([0, 37, T])
@@ -176,7 +183,7 @@ def _record(tree: str, quick: bool):
                     try:
                         for C in Cs:
                             label[0] = f"{name} {dn} K={K} C={C} read_after={int(ra)}"
-                            ins = inputs(T)
+                            ins = inputs(128 if fused == "dsplit" else T)  # whole pieces of whole chunks
                             o, s = ft.core(*ins, chunk_size=C, **kw)
                             torch.autograd.grad(o.float().sum() + s.sum(), ins)
                         if "cu_seqlens" in kw:

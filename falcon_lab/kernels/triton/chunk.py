@@ -1006,12 +1006,19 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
     sequence; the per-chunk states of head h sit in NT = common.varlen_chunks slots); x and v are the packed pair
     stream, each sequence's (x.shape[1] - T) / N carried rows (W - 1, for Falcon-3A's scans; none for Falcon-3's
     expansion, whose cu_seqlens count pseudo-tokens) before its pairs."""
-    Ts = q.shape[1]
+    Bo, Ts = q.shape[:2]
+    GP = _ds.dsplit_pieces(q, x, v, C, delta, group, gather, xoff, cu_seqlens)
+    if GP:  # the delta rule's passes split along the sequence (delta_split.py): every kernel on the piece view
+        refuse_unproven(q.device, "FALCON_TRITON_DELTA_SPLIT=on", "=off")
+        q, eta, g = (_ds.piece_view(GP, t) for t in (q, eta, g))
+        x, v = ((_ds.pair_pieces(GP, t, Ts) for t in (x, v)) if gather else (_ds.piece_view(GP, t) for t in (x, v)))
     B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
-                                                                  Ts * group if gather else 0)
+                                                                  q.shape[1] * group if gather else 0)
     va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group if gather else 1, xoff)
     BKs, BVs, NKB = _state_tiles(BK, BVs, K, V, NS * H, q.dtype, delta, group)
     XT = x.shape[1] if cu_seqlens is None else (x.shape[1] - T) // NS  # packed: each sequence's carried pair rows
+    if GP and gather:
+        XT = _ds.pair_rows(GP, x, Ts)
     f32 = torch.float32
     if delta:
         A = torch.empty(B, T, H, C, dtype=a_dtype(q.dtype), device=dev)
@@ -1028,6 +1035,9 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         A = WT = VT = R = eta  # never read (constexpr-disabled branches)
     HS = torch.empty(B, H, NT, K, V, dtype=state_dtype(q.dtype), device=dev)
     ST = _empty((NS, H, K, V), f32, dev)
+    if GP:  # each piece's start state (CARRY) and S_T first; the single pass then runs per piece from CARRY
+        S0, STo = _ds.dsplit_forward(x, eta, g, WT, VT, S0, GP, T, XT, NT, H, K, V, C, BKs, BVs, prec, group, gather,
+                                     state_opts(st))
     NP = split_pieces(NT, cdiv(V, BVs) * NKB * NS * H, not delta, cu_seqlens is None and group == 1)
     if NP:  # the linear pass in pieces along the sequence (state_split.py; LINEAR_SPLIT)
         fwd_state_split(x, v, eta, g, S0, HS, ST, T, XT, xoff, NT, H, K, V, C, BKs, BVs, NKB, NP, prec,
@@ -1036,10 +1046,14 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         _fwd_state[(cdiv(V, BVs) * NKB, NS * H)](
             x, v, eta, g, WT, VT, S0 if S0 is not None else eta, HS, R, ST, T, XT, xoff, NT, H, K, V, C,
             BKs, BVs, delta, S0 is not None, True, prec, group, gather, *va, NKB, **state_opts(st))
-    O = _empty((B, Ts, H, V), out_dtype or q.dtype, dev)
+    O = _empty((B, q.shape[1], H, V), out_dtype or q.dtype, dev)
     _fwd_out[(cdiv(V, BVo), NT, B * H)](
         q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, group, gather,
         *va, **st)
+    if GP:  # back to the call's shapes (HS keeps the pieces' chunks, piece-major, in the same buffer)
+        T0 = T * GP
+        return (O.view(Bo, Ts, H, V), STo,
+                (HS.view(Bo, H, NT * GP, K, V), A.view(Bo, T0, H, C), WT.view(Bo, T0, H, K), R.view(Bo, T0, H, V)))
     return O, ST, (HS, A, WT, R)
 
 
@@ -1048,12 +1062,23 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     """zero_rest=False (a caller that writes the pair rows outside [xoff, xoff + T) of dx and dv itself: Falcon-3A's
     delayed form, window_delayed.py): those rows are left unwritten instead of zero-filled."""
     HS, A, WT, R = saved
-    Ts = q.shape[1]
+    Bo, Ts = q.shape[:2]
+    x0, v0 = x, v
+    GP = _ds.dsplit_pieces(q, x, v, C, delta, group, gather, xoff, cu_seqlens)
+    if GP:  # the forward's piece view (delta_split.py)
+        refuse_unproven(q.device, "FALCON_TRITON_DELTA_SPLIT=on", "=off")
+        q, eta, g, dO = (_ds.piece_view(GP, t) for t in (q, eta, g, dO))
+        x, v = ((_ds.pair_pieces(GP, t, Ts) for t in (x, v)) if gather else (_ds.piece_view(GP, t) for t in (x, v)))
+        Bp, Tp = q.shape[0], q.shape[1] * group if gather else q.shape[1]
+        HS = HS.view(Bp, HS.shape[1], HS.shape[2] // GP, *HS.shape[3:])
+        A, WT, R = (t.view(Bp, Tp, *t.shape[2:]) for t in (A, WT, R))
     B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
-                                                                     Ts * group if gather else 0)
+                                                                     q.shape[1] * group if gather else 0)
     va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group if gather else 1, xoff)
     BKs, BVs, NKB = _state_tiles(BK, BVs, K, V, NS * H, q.dtype, delta, group)
     XT = x.shape[1] if cu_seqlens is None else (x.shape[1] - T) // NS  # packed: each sequence's carried pair rows
+    if GP and gather:
+        XT = _ds.pair_rows(GP, x, Ts)
     f32 = torch.float32
     DU = None
     if DU_DTYPE != "fp32":
@@ -1065,6 +1090,10 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
                                             read_after, prec, group, gather, *va, **st)
     DHS = torch.empty(B, H, NT, K, V, dtype=state_dtype(q.dtype), device=dev)
     DS0 = _empty((NS, H, K, V), f32, dev) if need_ds0 else None
+    if GP:  # the gradient at each piece's end (DCARRY) and dS_0 first; the single pass then runs per piece from it
+        dST, DS0o = _ds.dsplit_backward(q, x, eta, g, WT, dO, DU, dST, need_ds0, GP, T, XT, NT, H, K, V, C, BKs, BVs,
+                                        read_after, prec, group, gather, state_opts(st))
+        DS0 = _empty((NS, H, K, V), f32, dev) if need_ds0 else None  # the pieces' own (the pass's store), unused
     if NP:  # the linear pass in pieces along the sequence (state_split.py; LINEAR_SPLIT)
         bwd_state_split(q, g, dO, dST, DHS, DS0, T, NT, H, K, V, C, BKs, BVs, NKB, NP, read_after, prec,
                         state_opts(st))
@@ -1117,6 +1146,12 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
         _bwd_gate[(NT, B * H)](g, VEC, PART, dg, T, XT, xoff, H, K, C, BKt, delta, read_after, group, gather, *va,
                                num_warps=2)
     VEC = PART = None
+    if GP:  # back to the call's shapes: per-step and per-pseudo-token rows are piece-major already
+        B, x, v, DS0 = Bo, x0, v0, DS0o
+        if not gather:
+            dx, dv = dx.view(x.shape), dv.view(v.shape)
+        dq = dq.view(Bo, -1, *dq.shape[2:])
+        deta, dg = deta.view(Bo, -1, *deta.shape[2:]), dg.view(Bo, -1, *dg.shape[2:])
     if gather:
         W = group
         if not dqsum:
@@ -1126,3 +1161,6 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
         dx = pair_sum(dx.view(B, Ts, W, H, K), x.shape[1], x.dtype)
         dv = pair_sum(dv.view(B, Ts, W, H, V), v.shape[1], v.dtype)
     return dq, dx, dv, deta, dg, DS0
+
+
+from . import delta_split as _ds  # noqa: E402  (its kernels call _rows_w and _gfirst above)
