@@ -101,11 +101,17 @@ def pair_rows(G: int, x: torch.Tensor, Ts: int) -> int:
 
 
 @triton.jit
-def _dsplit_tile(t, NVT, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """Column tile t of a piece program: value columns (t < NVT) or identity columns (the transition's, K of them).
-    (key indices, key mask, column indices, column mask, value-tile flag as a [BV] vector (the interpreter takes no
-    scalar in a block mask), the tile's start: identity columns 1 on their diagonal, else 0; the columns' offsets
-    in OUT's rows of V + K)."""
+def _dsplit_start(P, HAS: tl.constexpr, AT, NVT, GP, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr):
+    """A piece program's ids and tile: (sequence·piece b, head h, key indices, key mask, column indices, column mask,
+    the value-tile flag as a [BV] vector (the interpreter takes no scalar in a block mask), the tile it starts from,
+    the columns' offsets in OUT's rows of V + K). Column tile t = program_id(0) is value columns (t < NVT) or the
+    transition's K identity columns, which start at 1 on their diagonal; a value tile starts from P's state (S0, dS_T)
+    of its sequence if HAS and this is piece AT, else from 0."""
+    t = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
     ck = tl.arange(0, BK)
     kmask = ck < K
     j = tl.arange(0, BV)
@@ -113,8 +119,18 @@ def _dsplit_tile(t, NVT, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV:
     cc = tl.where(isv, t * BV + j, (t - NVT) * BV + j)
     cmask = tl.where(isv, cc < V, cc < K)
     S = tl.where((ck[:, None] == cc[None, :]) & (~isv)[None, :] & kmask[:, None] & cmask[None, :], 1., 0.)
-    co = tl.where(isv, cc, V + cc)
-    return ck, kmask, cc, cmask, isv, S, co
+    if HAS:
+        m = kmask[:, None] & (cmask & isv & (j * 0 + b % GP == AT))[None, :]
+        S += tl.load(P + ((b // GP) * H + h).to(tl.int64) * K * V + ck[:, None] * V + cc[None, :], mask=m,
+                     other=0.).to(tl.float32)
+    return b, h, ck, kmask, cc, cmask, isv, S, tl.where(isv, cc, V + cc)
+
+
+@triton.jit
+def _dsplit_put(OUT, S, ck, kmask, co, cmask, K: tl.constexpr, V: tl.constexpr):
+    """The piece's tile into its OUT row [K, V + K] (program_id(1): piece·head)."""
+    tl.store(OUT + tl.program_id(1).to(tl.int64) * K * (V + K) + ck[:, None] * (V + K) + co[None, :], S,
+             mask=kmask[:, None] & cmask[None, :])
 
 
 @triton.jit
@@ -124,17 +140,8 @@ def _dsplit_fwd(X, ETA, G, WT, VT, S0, OUT, T, XT, NL, H: tl.constexpr, K: tl.co
     """Program (column tile, piece·head) of the piece view: the piece's NL chunks from zero (piece 0 from S0), its
     local end state and transition into OUT (as chunk.py's _fwd_state steps, with Vt's columns zero for the
     transition's)."""
-    t = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    p = b % GP
+    b, h, ck, kmask, cc, cmask, isv, S, co = _dsplit_start(S0, HAS_S0, 0, NVT, GP, H, K, V, BK, BV)
     i = tl.arange(0, C)
-    ck, kmask, cc, cmask, isv, S, co = _dsplit_tile(t, NVT, K, V, BK, BV)
-    if HAS_S0:
-        s0m = kmask[:, None] & (cmask & isv & (cc * 0 + p == 0))[None, :]
-        S += tl.load(S0 + ((b // GP) * H + h).to(tl.int64) * K * V + ck[:, None] * V + cc[None, :], mask=s0m,
-                     other=0.).to(tl.float32)
     for n in range(0, NL):
         rows, rmask, tok, xtok, stok, gmask = _rows_w(b, h, n, i, T, XT, 0, H, C, GROUP, GATHER)
         km = rmask[:, None] & kmask[None, :]
@@ -149,8 +156,7 @@ def _dsplit_fwd(X, ETA, G, WT, VT, S0, OUT, T, XT, NL, H: tl.constexpr, K: tl.co
         r = vt.to(tl.float32) - tl.dot(wt, S.to(dt), input_precision=PREC)
         w = r * (eta * tl.exp(tl.minimum(uC - u, 0.)))[:, None]
         S = S * tl.exp(uC) + tl.dot(tl.trans(x), w.to(dt), input_precision=PREC)
-    tl.store(OUT + bh.to(tl.int64) * K * (V + K) + ck[:, None] * (V + K) + co[None, :], S,
-             mask=kmask[:, None] & cmask[None, :])
+    _dsplit_put(OUT, S, ck, kmask, co, cmask, K, V)
 
 
 @triton.jit
@@ -160,17 +166,8 @@ def _dsplit_bwd(Q, X, ETA, G, WT, DO, DU, DST, OUT, T, XT, NL, H: tl.constexpr, 
     """Program (column tile, piece·head) of the piece view: the piece's NL chunks last to first from zero (the last
     piece from dS_T), as chunk.py's _bwd_state steps (DU's intra part read, nothing written), dO and DU zero for the
     identity columns: the local gradient at the piece's start and P_pᵀ into OUT."""
-    t = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    p = b % GP
+    b, h, ck, kmask, cc, cmask, isv, dH, co = _dsplit_start(DST, HAS_DST, GP - 1, NVT, GP, H, K, V, BK, BV)
     i = tl.arange(0, C)
-    ck, kmask, cc, cmask, isv, dH, co = _dsplit_tile(t, NVT, K, V, BK, BV)
-    if HAS_DST:
-        dsm = kmask[:, None] & (cmask & isv & (cc * 0 + p == GP - 1))[None, :]
-        dH += tl.load(DST + ((b // GP) * H + h).to(tl.int64) * K * V + ck[:, None] * V + cc[None, :], mask=dsm,
-                      other=0.).to(tl.float32)
     vcol = cmask & isv
     for nn in range(0, NL):
         n = NL - 1 - nn
@@ -198,8 +195,7 @@ def _dsplit_bwd(Q, X, ETA, G, WT, DO, DU, DST, OUT, T, XT, NL, H: tl.constexpr, 
         dHn = dH * tl.exp(uC) + tl.dot(tl.trans(q), (do * tl.exp(ur)[:, None]).to(dt), input_precision=PREC)
         wt = tl.load(WT + tok[:, None] * K + ck[None, :], mask=km, other=0.)
         dH = dHn - tl.dot(tl.trans(wt), (du * eta[:, None]).to(dt), input_precision=PREC)
-    tl.store(OUT + bh.to(tl.int64) * K * (V + K) + ck[:, None] * (V + K) + co[None, :], dH,
-             mask=kmask[:, None] & cmask[None, :])
+    _dsplit_put(OUT, dH, ck, kmask, co, cmask, K, V)
 
 
 @triton.jit
