@@ -175,6 +175,19 @@ DSPLIT = [("F1-after-L1", dict(T=64, dsplit=1)),
           ("F3-W4-T17-unsplit", dict(W=4, T=17, B=1, dsplit=1, dsplit_none=True)),
           ("F1A-unsplit", dict(delta=False, T=64, dsplit=1, dsplit_none=True))]
 CASES += [_c(f"dsplit-{n}", seed=300 + i, **kw) for i, (n, kw) in enumerate(DSPLIT)]
+# Falcon-3 in place in time segments, the forward recomputed in the backward (lean=S: FALCON_TRITON_3_LEAN=on with S
+# segments, ours, opt-in and unproven; lean.py): both read orders, a short last segment, no S0 / dS_T, fp16, masked
+# key and value tiles, with the delta split inside the segments; `lean_off` 0 when the forward and backward both ran
+# in segments, `saved_meta_off` 0 when its saved buffers are what the custom operator's fakes say; Falcon-1 and a
+# call of one segment must stay whole (`lean_on` 0)
+LEAN = [("F3-W4-after-S4", dict(W=4, T=40, lean=4)),
+        ("F3-W2-before-fp16-no-S0-no-dST-S2", dict(W=2, after=False, T=45, B=1, dtype="float16", s0=False,
+                                                    no_dst=True, lean=2, lean_meta=True)),
+        ("F3-W4-C32-K48-V80-S8", dict(W=4, C=32, T=70, B=1, K=48, V=80, lean=8)),
+        ("F3-W4-S2-dsplit", dict(W=4, T=32, lean=2, dsplit=1)),
+        ("F1-whole", dict(T=64, lean=4, lean_none=True)),
+        ("F3-W4-one-segment", dict(W=4, T=3, B=1, lean=2, lean_none=True))]
+CASES += [_c(f"lean-{n}", seed=320 + i, **kw) for i, (n, kw) in enumerate(LEAN)]
 # dlog γ inside _bwd_dqdx where one key tile covers K (gate_fold="on": FALCON_TRITON_GATE_FOLD=on, ours, opt-in and
 # unproven): Falcon-1 and -1A both read orders, Falcon-3 in place (dg on each step's first pseudo-token), Falcon-3A's
 # delayed form (its weights' backward adds to this dg), K = 80 (two key tiles: _bwd_gate as before), packed Falcon-1A
@@ -675,6 +688,9 @@ SWITCHES = [
      "FALCON_TRITON_LINEAR_SPLIT must be 'off' or 'on', got 'yes'"),
     (KT + "state_split", "SPLIT_LEN", "FALCON_TRITON_LINEAR_SPLIT_LEN", 32, "3",
      "FALCON_TRITON_LINEAR_SPLIT_LEN must be '2', '4', '8', '16', '32' or '64', got '3'"),
+    (KT + "lean", "LEAN", "FALCON_TRITON_3_LEAN", "off", "yes", "FALCON_TRITON_3_LEAN must be 'off' or 'on', got 'yes'"),
+    (KT + "lean", "LEAN_SEGMENTS", "FALCON_TRITON_3_LEAN_SEGMENTS", 4, "3",
+     "FALCON_TRITON_3_LEAN_SEGMENTS must be '2', '4', '8' or '16', got '3'"),
     (KT + "delta_split", "DELTA_SPLIT", "FALCON_TRITON_DELTA_SPLIT", "off", "yes",
      "FALCON_TRITON_DELTA_SPLIT must be 'off' or 'on', got 'yes'"),
     (KT + "delta_split", "DELTA_SPLIT_LEN", "FALCON_TRITON_DELTA_SPLIT_LEN", 32, "3",

@@ -81,6 +81,13 @@ def run_case(c):
         res["d" + n] = rel(a, b)
     if c.get("delayed"):  # the delayed form (window_delayed.py) ran, once: 0 (an error-like entry) when it did
         res["delayed_off"] = float(n_wd[0] != 1)
+    if c.get("lean_meta"):  # the lean form's saved buffers agree with the custom operator's fakes
+        cfg = [1, int(after), C, 0, 0, 0, W, 1]
+        with torch.no_grad():
+            outs = kops._scalar_fwd(qi, xi, vi, ei, gi, si, cfg)
+        meta = kops._scalar_saved_shapes(qi, xi, vi, cfg)
+        res["saved_meta_off"] = float(len(outs) != 6 or any(tuple(t.shape) != tuple(sh) or t.dtype != dt
+                                                             for t, (sh, dt) in zip(outs[2:], meta)))
     if c.get("state_dtype") and W == 1:  # the saved states' dtype, and the custom operator's fake outputs agree with it
         cfg = [int(delta), int(after), C, 0, 0, 0, 1, 0]
         with torch.no_grad():
@@ -243,6 +250,15 @@ if __name__ == "__main__":
         seen_dp.append(out)
         return out
     kds.dsplit_pieces = seen_dpieces
+    import falcon_lab.kernels.triton.lean as klean
+    default_lean, default_lean_segments = klean.LEAN, klean.LEAN_SEGMENTS
+    bounds_of, seen_lean = klean.lean_bounds, []
+
+    def seen_bounds(*a):  # the segments of every chunk.py call ([]: one call), for the lean cases
+        out = bounds_of(*a)
+        seen_lean.append(len(out))
+        return out
+    klean.lean_bounds = seen_bounds
     for c in cases:
         # what FALCON_TRITON_3A=delayed / =banded / =scans sets (the fused=True Falcon-3A cases are the banded scan's;
         # Falcon-3's `fused` is not read by this switch); none: the default (delayed since 2026-12-04) or the env's
@@ -283,9 +299,13 @@ if __name__ == "__main__":
         # what FALCON_TRITON_DELTA_SPLIT=on sets, with pieces of `dsplit` chunks (so that the small cases split)
         kds.DELTA_SPLIT = "on" if c.get("dsplit") else default_delta_split
         kds.DELTA_SPLIT_LEN = c.get("dsplit", default_dsplit_len)
+        # what FALCON_TRITON_3_LEAN=on sets, with `lean` segments
+        klean.LEAN = "on" if c.get("lean") else default_lean
+        klean.LEAN_SEGMENTS = c.get("lean", default_lean_segments)
         seen_nkb.clear()
         seen_np.clear()
         seen_dp.clear()
+        seen_lean.clear()
         t0 = time.perf_counter()
         try:
             if c.get("recompute"):
@@ -339,6 +359,10 @@ if __name__ == "__main__":
                 res["split_on"] = float(any(n > 0 for n in seen_np))
             elif c.get("split"):  # every linear state pass ran in pieces (0 when each did, forward and backward)
                 res["split_off"] = float(not seen_np or min(seen_np) < 2)
+            if c.get("lean_none"):  # calls the lean form must leave whole: 0 when none was segmented
+                res["lean_on"] = float(any(n > 0 for n in seen_lean))
+            elif c.get("lean"):  # the outer forward and backward ran in segments (0 when both did)
+                res["lean_off"] = float(sum(n >= 2 for n in seen_lean) < 2)
             if c.get("dsplit_none"):  # calls the delta split must leave whole: 0 when none split
                 res["dsplit_on"] = float(any(n > 0 for n in seen_dp))
             elif c.get("dsplit"):  # every delta-rule call ran in pieces (0 when each did, forward and backward)

@@ -9,7 +9,8 @@
 #        pass with the folded forward inter term (fa*, fb*), the product inverses (pr*), the linear split (sp*), the
 #        delta split (ds*). STEPS="" (no other step beside them).
 # call2: the A/Bs of the same forms, alone on the GPU (AB_REPS=2).
-# call4: the dU dtype and gate fold checks (Falcon-1, -1A, -3), then their A/Bs.
+# call4: the dU dtype and gate fold checks (Falcon-1, -1A, -3) and Falcon-3's lean form's (ln*), then their A/Bs
+#        (the lean form's: time and peak, against Falcon-1 in the same process).
 # Each sets STEPS, XCHECKS, ABS, AB_REPS (exported); the set-up (device_env.sh, the mlflow folders moved aside) is the
 # caller's.
 
@@ -19,6 +20,7 @@ _pr="FALCON_TRITON_A_INV=prod $_u"
 _sp="FALCON_TRITON_LINEAR_SPLIT=on FALCON_TRITON_LINEAR_SPLIT_LEN=4 $_u"
 _ds="FALCON_TRITON_DELTA_SPLIT=on FALCON_TRITON_DELTA_SPLIT_LEN=2 $_u"
 _dg="FALCON_TRITON_DU_DTYPE=input FALCON_TRITON_GATE_FOLD=on $_u"
+_ln="FALCON_TRITON_3_LEAN=on $_u"
 
 _halves() {  # name prefix, env, variants (one each) -> "p1|env|v|1-15;p2|env|v|16-29;..." (numbered from 1)
   local p=$1 e=$2 i=0 v out=""
@@ -33,16 +35,22 @@ _halves() {  # name prefix, env, variants (one each) -> "p1|env|v|1-15;p2|env|v|
 case "${1:-}" in
   call1)
     export STEPS="" AB_REPS=2 ABS=""
-    export XCHECKS="$(_halves fa "$_f2" 2A);$(_halves fb "$_f2" 2);$(_halves pr "$_pr" 1 3);$(_halves sp "$_sp" 1A 3A);$(_halves ds "$_ds" 1 3)"
+    XCHECKS="$(_halves fa "$_f2" 2A);$(_halves fb "$_f2" 2);$(_halves pr "$_pr" 1 3)"
+    export XCHECKS="$XCHECKS;$(_halves sp "$_sp" 1A 3A);$(_halves ds "$_ds" 1 3)"
     ;;
   call2)
     export STEPS="" AB_REPS=2 XCHECKS=""
-    export ABS="f2a|percol.BWD_INTRA=split,fused percol.FWD_INTER=kernel,fold|falcon-2A,falcon-2||_pc_;ainv|chunk.A_INV=subst,prod|falcon-1,falcon-3||_fwd_prep;split|state_split.LINEAR_SPLIT=off,on|falcon-1A,falcon-3A,falcon-2A|1,2|_state|_split;dsplit|delta_split.DELTA_SPLIT=off,on|falcon-1,falcon-3|1,2|_state|_dsplit"
+    ABS="f2a|percol.BWD_INTRA=split,fused percol.FWD_INTER=kernel,fold|falcon-2A,falcon-2||_pc_"
+    ABS="$ABS;ainv|chunk.A_INV=subst,prod|falcon-1,falcon-3||_fwd_prep"
+    ABS="$ABS;split|state_split.LINEAR_SPLIT=off,on|falcon-1A,falcon-3A,falcon-2A|1,2|_state|_split"
+    export ABS="$ABS;dsplit|delta_split.DELTA_SPLIT=off,on|falcon-1,falcon-3|1,2|_state|_dsplit"
     ;;
   call4)
     export STEPS="" AB_REPS=2
-    export XCHECKS="$(_halves dg "$_dg" 1 1A 3)"
-    export ABS="du|chunk.DU_DTYPE=fp32,input|falcon-1,falcon-1A,falcon-3||;gate|chunk.GATE_FOLD=off,on|falcon-1,falcon-1A,falcon-3A|0,2|"
+    export XCHECKS="$(_halves dg "$_dg" 1 1A 3);$(_halves ln "$_ln" 3)"
+    ABS="du|chunk.DU_DTYPE=fp32,input|falcon-1,falcon-1A,falcon-3||"
+    ABS="$ABS;gate|chunk.GATE_FOLD=off,on|falcon-1,falcon-1A,falcon-3A|0,2|"
+    export ABS="$ABS;lean|lean.LEAN=off,on|falcon-1,falcon-3||"
     ;;
   *)
     echo "usage: . experiments/h200/next_calls.sh call1|call2|call4" >&2

@@ -999,13 +999,21 @@ def _state_tiles(BK, BVs, K, V, n_seq_heads, dtype, delta, group):
 
 
 def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf32=False,
-                  out_dtype=None, group=1, gather=False, cu_seqlens=None):
+                  out_dtype=None, group=1, gather=False, cu_seqlens=None, need_out=True, lean=True):
     """gather (Falcon-3, group = W > 1, ours): q, eta, g are the T steps and x, v the T + W - 1 pairs (no pseudo-token
     expansion on the host): the kernels run over the T·W pseudo-tokens reading them in place; O has the T steps.
     cu_seqlens (B = 1, not with gather): the packed sequences run natively (no padding; S0 and S_T have one row per
     sequence; the per-chunk states of head h sit in NT = common.varlen_chunks slots); x and v are the packed pair
     stream, each sequence's (x.shape[1] - T) / N carried rows (W - 1, for Falcon-3A's scans; none for Falcon-3's
-    expansion, whose cu_seqlens count pseudo-tokens) before its pairs."""
+    expansion, whose cu_seqlens count pseudo-tokens) before its pairs.
+    need_out=False: no read-out (O is None; a recompute of the saved buffers). lean=False: never Falcon-3's segments
+    (lean.py's own calls)."""
+    bounds = _lean.lean_bounds(q, x, C, delta, group, gather, xoff, cu_seqlens) if lean else []
+    if bounds:  # Falcon-3 in place in time segments (lean.py)
+        refuse_unproven(q.device, "FALCON_TRITON_3_LEAN=on", "=off")
+        return _lean.lean_forward(bounds, q, x, v, eta, g, S0, chunk_forward=chunk_forward, group=group,
+                                  out_dtype=out_dtype, delta=delta, read_after=read_after, C=C,
+                                  allow_tf32=allow_tf32, gather=gather)
     Bo, Ts = q.shape[:2]
     GP = _ds.dsplit_pieces(q, x, v, C, delta, group, gather, xoff, cu_seqlens)
     if GP:  # the delta rule's passes split along the sequence (delta_split.py): every kernel on the piece view
@@ -1046,21 +1054,31 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         _fwd_state[(cdiv(V, BVs) * NKB, NS * H)](
             x, v, eta, g, WT, VT, S0 if S0 is not None else eta, HS, R, ST, T, XT, xoff, NT, H, K, V, C,
             BKs, BVs, delta, S0 is not None, True, prec, group, gather, *va, NKB, **state_opts(st))
-    O = _empty((B, q.shape[1], H, V), out_dtype or q.dtype, dev)
-    _fwd_out[(cdiv(V, BVo), NT, B * H)](
-        q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, group, gather,
-        *va, **st)
+    O = None
+    if need_out:
+        O = _empty((B, q.shape[1], H, V), out_dtype or q.dtype, dev)
+        _fwd_out[(cdiv(V, BVo), NT, B * H)](
+            q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, group, gather,
+            *va, **st)
     if GP:  # back to the call's shapes (HS keeps the pieces' chunks, piece-major, in the same buffer)
         T0 = T * GP
-        return (O.view(Bo, Ts, H, V), STo,
+        return (O.view(Bo, Ts, H, V) if O is not None else None, STo,
                 (HS.view(Bo, H, NT * GP, K, V), A.view(Bo, T0, H, C), WT.view(Bo, T0, H, K), R.view(Bo, T0, H, V)))
     return O, ST, (HS, A, WT, R)
 
 
 def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xoff=0,
-                   allow_tf32=False, need_ds0=True, group=1, gather=False, cu_seqlens=None, zero_rest=True):
+                   allow_tf32=False, need_ds0=True, group=1, gather=False, cu_seqlens=None, zero_rest=True,
+                   pair_dtype=None, lean=True):
     """zero_rest=False (a caller that writes the pair rows outside [xoff, xoff + T) of dx and dv itself: Falcon-3A's
-    delayed form, window_delayed.py): those rows are left unwritten instead of zero-filled."""
+    delayed form, window_delayed.py): those rows are left unwritten instead of zero-filled. pair_dtype (gather): the
+    pair gradients' dtype if not x's (lean.py sums its segments' in fp32). lean=False: as chunk_forward's."""
+    bounds = _lean.lean_bounds(q, x, C, delta, group, gather, xoff, cu_seqlens) if lean else []
+    if bounds:  # Falcon-3 in place in time segments (lean.py): saved[0] holds the segments' start states
+        refuse_unproven(q.device, "FALCON_TRITON_3_LEAN=on", "=off")
+        return _lean.lean_backward(bounds, q, x, v, eta, g, saved[0], dO, dST, chunk_forward=chunk_forward,
+                                   chunk_backward=chunk_backward, group=group, need_ds0=need_ds0, delta=delta,
+                                   read_after=read_after, C=C, allow_tf32=allow_tf32, gather=gather)
     HS, A, WT, R = saved
     Bo, Ts = q.shape[:2]
     x0, v0 = x, v
@@ -1158,9 +1176,10 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
             dq = dq.view(B, Ts, W, H, K).sum(2)
         deta = deta.view(B, Ts, W, H).sum(2)
         # pseudo-token (t, m) read pair t + W - 1 - m: each pair's W rows summed in fp32 (pair_sum.py)
-        dx = pair_sum(dx.view(B, Ts, W, H, K), x.shape[1], x.dtype)
-        dv = pair_sum(dv.view(B, Ts, W, H, V), v.shape[1], v.dtype)
+        dx = pair_sum(dx.view(B, Ts, W, H, K), x.shape[1], pair_dtype or x.dtype)
+        dv = pair_sum(dv.view(B, Ts, W, H, V), v.shape[1], pair_dtype or v.dtype)
     return dq, dx, dv, deta, dg, DS0
 
 
 from . import delta_split as _ds  # noqa: E402  (its kernels call _rows_w and _gfirst above)
+from . import lean as _lean  # noqa: E402

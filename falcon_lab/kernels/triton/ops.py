@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from .chunk import a_dtype, chunk_backward, chunk_forward, state_dtype
 from .common import varlen_chunks
 from .host import next_pow2
+from .lean import lean_bounds, saved_shape as lean_saved_shape
 from .percol import percol_backward, percol_forward
 from .percol_delta import keeps_inv, percol_delta_backward, percol_delta_forward
 from .window_delayed import window_delayed_backward, window_delayed_forward
@@ -78,7 +79,10 @@ def _scalar_bwd(q, x, v, eta, g, saved, dO, dST, cfg, need_ds0, cu=None):
 
 
 def _scalar_saved_shapes(q, x, v, cfg, cu=None):
-    delta, _, C, _, _, _, group, gather = cfg
+    delta, _, C, xoff, _, _, group, gather = cfg
+    bounds = lean_bounds(q, x, C, bool(delta), group, bool(gather), xoff, cu)
+    if bounds:  # Falcon-3 in segments (lean.py): the segments' start states, the other slots empty
+        return [(lean_saved_shape(q, v, len(bounds)), torch.float32)] + [((0,), q.dtype)] * 3
     B, T, H, K = q.shape
     T = T * group if gather else T
     V = v.shape[-1]
