@@ -88,8 +88,9 @@ def main():
 
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=Path(__file__).resolve().parent).stdout.strip() or None
-        flags = {k: v for k, v in sorted(os.environ.items()) if k.startswith("FALCON_TRITON_")}
-        meta = dict(tool="experiments/h200/op_memory.py (CPU, Triton launches stubbed)", commit=commit, flags=flags,
+        from falcon_lab.benchmarking.kernels import run_flags
+
+        meta = dict(tool="experiments/h200/op_memory.py (CPU, Triton launches stubbed)", commit=commit, flags=run_flags(),
                     torch=torch.__version__, measure="inputs + dO + the allocator's peak over one forward+backward, "
                     "as host_bound.measure / switch_ab.py take torch.cuda.max_memory_allocated")
         Path(a.json).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
