@@ -688,6 +688,8 @@ SWITCHES = [
      "FALCON_TRITON_LINEAR_SPLIT must be 'off' or 'on', got 'yes'"),
     (KT + "state_split", "SPLIT_LEN", "FALCON_TRITON_LINEAR_SPLIT_LEN", 32, "3",
      "FALCON_TRITON_LINEAR_SPLIT_LEN must be '2', '4', '8', '16', '32' or '64', got '3'"),
+    (KT + "prep_window", "GATES", "FALCON_TRITON_3_PREP_GATES", "recompute", "mu",
+     "FALCON_TRITON_3_PREP_GATES must be 'recompute' or 'stat', got 'mu'"),
     (KT + "lean", "LEAN", "FALCON_TRITON_3_LEAN", "off", "yes", "FALCON_TRITON_3_LEAN must be 'off' or 'on', got 'yes'"),
     (KT + "lean", "LEAN_SEGMENTS", "FALCON_TRITON_3_LEAN_SEGMENTS", 4, "3",
      "FALCON_TRITON_3_LEAN_SEGMENTS must be '2', '4', '8' or '16', got '3'"),

@@ -55,7 +55,18 @@ def prep_case(c):
 
     ref = run(False, torch.float64)
     torch32, fused32 = run(False, torch.float32), run(True, torch.float32)
-    return {n: {"fused": _rel(fused32[n], ref[n]), "torch": _rel(torch32[n], ref[n])} for n in ref}
+    out = {n: {"fused": _rel(fused32[n], ref[n]), "torch": _rel(torch32[n], ref[n])} for n in ref}
+    if c.get("gates"):  # what FALCON_TRITON_3_PREP_GATES sets: that form against the default, which must agree exactly
+        import falcon_lab.kernels.triton.prep_window as pw
+
+        default = pw.GATES
+        pw.GATES = c["gates"]
+        try:
+            other = run(True, torch.float32)
+        finally:
+            pw.GATES = default
+        out["gates_vs_default"] = max(float((other[n] - fused32[n]).abs().max()) for n in ref)
+    return out
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@
 #        pass with the folded forward inter term (fa*, fb*), the product inverses (pr*), the linear split (sp*), the
 #        delta split (ds*). STEPS="" (no other step beside them).
 # call2: the A/Bs of the same forms, alone on the GPU (AB_REPS=2).
-# call4: the dU dtype and gate fold checks (Falcon-1, -1A, -3) and Falcon-3's lean form's (ln*), then their A/Bs
-#        (the lean form's: time and peak, against Falcon-1 in the same process).
+# call4: the dU dtype and gate fold checks (Falcon-1, -1A, -3), Falcon-3's lean form's (ln*) and its prep's gates from
+#        the statistic (gs1: the fused-prep rows 23-29), then their A/Bs (the lean form's: time and peak, against
+#        Falcon-1 in the same process).
 # Each sets STEPS, XCHECKS, ABS, AB_REPS (exported); the set-up (device_env.sh, the mlflow folders moved aside) is the
 # caller's.
 
@@ -21,6 +22,7 @@ _sp="FALCON_TRITON_LINEAR_SPLIT=on FALCON_TRITON_LINEAR_SPLIT_LEN=4 $_u"
 _ds="FALCON_TRITON_DELTA_SPLIT=on FALCON_TRITON_DELTA_SPLIT_LEN=2 $_u"
 _dg="FALCON_TRITON_DU_DTYPE=input FALCON_TRITON_GATE_FOLD=on $_u"
 _ln="FALCON_TRITON_3_LEAN=on $_u"
+_gs="FALCON_TRITON_3_PREP_GATES=stat $_u"
 
 _halves() {  # name prefix, env, variants (one each) -> "p1|env|v|1-15;p2|env|v|16-29;..." (numbered from 1)
   local p=$1 e=$2 i=0 v out=""
@@ -47,10 +49,11 @@ case "${1:-}" in
     ;;
   call4)
     export STEPS="" AB_REPS=2
-    export XCHECKS="$(_halves dg "$_dg" 1 1A 3);$(_halves ln "$_ln" 3)"
+    export XCHECKS="$(_halves dg "$_dg" 1 1A 3);$(_halves ln "$_ln" 3);gs1|$_gs|3|23-29"
     ABS="du|chunk.DU_DTYPE=fp32,input|falcon-1,falcon-1A,falcon-3||"
     ABS="$ABS;gate|chunk.GATE_FOLD=off,on|falcon-1,falcon-1A,falcon-3A|0,2|"
-    export ABS="$ABS;lean|lean.LEAN=off,on|falcon-1,falcon-3||"
+    ABS="$ABS;lean|lean.LEAN=off,on|falcon-1,falcon-3||"
+    export ABS="$ABS;gates3|prep_window.GATES=recompute,stat|falcon-3||_win_bwd_gates"
     ;;
   *)
     echo "usage: . experiments/h200/next_calls.sh call1|call2|call4" >&2

@@ -35,8 +35,18 @@ import triton.language as tl
 
 from .common import _empty, _np2, cdiv
 from .eig import SQUARINGS_C, TINY_C, _squarings_top, window_ok
+from .host import env_choice, refuse_unproven
 
 from .prep import _block_rows, _keep, _log1m, _pair_x, _rows, _step, _step_bwd, _store_key_grads
+
+# Falcon-3's gate backward (ours): "recompute" (_win_bwd_gates recomputes each row's window Gram and μ_t by the
+# squarings, as the forward did; proven, the default) or "stat" (_win_bwd_gates_stat reads the statistic the forward
+# stored, μ_t / max(B_t, 1) in fp32, the same value bit for bit, so no key is loaded and no squaring runs: the gates'
+# chain rule needs nothing else of the window). On the H200 _win_bwd_gates took 0.53 of Falcon-3's 7.1 ms at
+# (16, 2048, 12, 64) (kernels_2026-12-03h/call9). Written 2026-12-05 (twenty-third session, no GPU lent);
+# interpreter-tested, not yet run on a GPU (on CUDA only with FALCON_TRITON_UNPROVEN=1).
+GATES = env_choice("FALCON_TRITON_3_PREP_GATES", "recompute", ("recompute", "stat"),
+                   "Falcon-3's prep backward: the gates from μ_t recomputed (proven) or from the stored statistic")
 
 
 @triton.jit
@@ -157,6 +167,40 @@ def _win_bwd_gates(K_, BETA, LAM, LASTK, TAILX, VALID, SEEN, DETA, DG, DBETA, DL
 
 
 @triton.jit
+def _win_bwd_gates_stat(STAT, BETA, LAM, VALID, SEEN, DETA, DG, DBETA, DLAM, QS, N, T, eps, eps_gamma,
+                        H: tl.constexpr, W: tl.constexpr, BR: tl.constexpr, SHIFT: tl.constexpr,
+                        HAS_VALID: tl.constexpr, NLMS: tl.constexpr, SCALED: tl.constexpr):
+    """_win_bwd_gates from the forward's statistic (STAT: the window statistic times 1/max(B_t, 1), as _win_row forms
+    it) instead of the window's keys: _win_row's gate arithmetic on rows r = (b·T + t)·H + h, then the same chain
+    rule and stores."""
+    r, rmask, b, t, h, _ck, _km = _rows(N, T, H, 16, BR, 16)
+    seen = tl.load(SEEN + b, mask=rmask, other=0)
+    hp = (seen + t + 1 - SHIFT) > 0  # _pair_x's flag at tp = t
+    inv = 1. / tl.maximum(tl.minimum(tl.maximum(seen + t + 1 - SHIFT, 0), W).to(tl.float32), 1.)
+    stat = tl.load(STAT + r, mask=rmask, other=0.)
+    lam = tl.load(LAM + r, mask=rmask, other=0.).to(tl.float32)
+    if SCALED:
+        lam_t = lam * stat
+    else:
+        lam_t = lam
+    keep = _keep(VALID, hp, rmask, b, t, T, HAS_VALID)
+    den = stat + lam_t + eps
+    beta = tl.load(BETA + r, mask=rmask, other=0.).to(tl.float32)
+    eta0, a, alpha = _step(beta, den, keep, lam_t, eps_gamma, NLMS)
+    dbeta, dstat, dlam_t = _step_bwd(tl.load(DETA + r, mask=rmask, other=0.) * inv,
+                                     tl.load(DG + r, mask=rmask, other=0.), eta0, a, alpha, den, keep, lam_t,
+                                     eps_gamma, NLMS)
+    dlam_t += dstat  # den = stat + λ_t + eps
+    if SCALED:  # λ_t = lam · stat with stat held constant (prep.py's stat.detach())
+        dlam = dlam_t * stat
+    else:
+        dlam = dlam_t
+    tl.store(DBETA + r, dbeta.to(DBETA.dtype.element_ty), mask=rmask)
+    tl.store(DLAM + r, dlam.to(DLAM.dtype.element_ty), mask=rmask)
+    tl.store(QS + r, dstat * inv, mask=rmask)
+
+
+@triton.jit
 def _win_bwd_keys(K_, LASTK, TAILX, SEEN, DXW, QS, VH, DK, DLASTK, DTAILX, N, T,
                   H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                   SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr,
@@ -247,7 +291,10 @@ class _FusedWindowPrep(torch.autograd.Function):
             k, beta, lam, last_k if last_k is not None else k, tail_x if tail_x is not None else k,
             valid if valid is not None else seen, seen, xw, eta, g, stat, vh, N, T, eps, eps_gamma, H, K, W, BR, BK,
             shift, last_k is not None, tail_x is not None, valid is not None, nlms, scaled, eig)
-        ctx.save_for_backward(k, beta, lam, last_k, tail_x, seen, valid, vh)
+        from_stat = eig and GATES == "stat"  # the gates' backward from the statistic (GATES)
+        if from_stat:
+            refuse_unproven(k.device, "FALCON_TRITON_3_PREP_GATES=stat", "=recompute")
+        ctx.save_for_backward(k, beta, lam, last_k, tail_x, seen, valid, vh, stat if from_stat else None)
         ctx.cfg = cfg
         ctx.mark_non_differentiable(stat)
         ctx.set_materialize_grads(False)
@@ -255,7 +302,7 @@ class _FusedWindowPrep(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dxw, deta, dg, _dstat):
-        k, beta, lam, last_k, tail_x, seen, valid, vh = ctx.saved_tensors
+        k, beta, lam, last_k, tail_x, seen, valid, vh, stat = ctx.saved_tensors
         shift, nlms, scaled, eps, eps_gamma, W, eig = ctx.cfg
         B, T, H, K = k.shape
         N = B * T * H
@@ -272,9 +319,14 @@ class _FusedWindowPrep(torch.autograd.Function):
         tx = tail_x if tail_x is not None else k
         vl = valid if valid is not None else seen
         grid = (cdiv(N, BR),)
-        _win_bwd_gates[grid](k, beta, lam, lk, tx, vl, seen, deta, dg, dbeta, dlam, qs, N, T, eps, eps_gamma, H, K, W,
-                             BR, BK, shift, last_k is not None, tail_x is not None, valid is not None, nlms, scaled,
-                             eig)
+        if stat is not None:
+            BS = 256
+            _win_bwd_gates_stat[(cdiv(N, BS),)](stat, beta, lam, vl, seen, deta, dg, dbeta, dlam, qs, N, T, eps,
+                                                eps_gamma, H, W, BS, shift, valid is not None, nlms, scaled)
+        else:
+            _win_bwd_gates[grid](k, beta, lam, lk, tx, vl, seen, deta, dg, dbeta, dlam, qs, N, T, eps, eps_gamma, H, K,
+                                 W, BR, BK, shift, last_k is not None, tail_x is not None, valid is not None, nlms,
+                                 scaled, eig)
         dk = _empty(k.shape, k.dtype, dev)
         need_dlast = shift and last_k is not None and ctx.needs_input_grad[3]
         need_dtail = tail_x is not None and ctx.needs_input_grad[4]
