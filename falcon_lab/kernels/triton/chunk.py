@@ -40,7 +40,7 @@ import triton.language as tl
 from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _state_init,  # noqa: F401
                      _state_put, _state_tile, _state_tile_k, _varlen_chunk, _varlen_seq, cdiv, launch,
                      linear_state_tiles, state_bv, state_opts, varlen_args)
-from .host import env_choice, refuse_unproven
+from .host import env_choice
 from .pair_sum import pair_sum
 from .state_split import bwd_state_split, fwd_state_split, split_pieces
 
@@ -91,9 +91,14 @@ STATE_DTYPE = env_choice("FALCON_TRITON_STATE_DTYPE", "input", ("fp32", "input")
 # vanish: two dots for Falcon-3 at W = 4, whose L is block-strict over groups of W, six for Falcon-1; percol_delta's
 # INV_FORM="prod" is the same product, proven for Falcon-2's per-column inverses). Written 2026-12-04 (twenty-second
 # session) after an H200 profile put _fwd_prep at 1.65 of Falcon-3's 7.3 ms at (16, 2048, 12, 64)
-# (kernels_2026-12-03h/call5): interpreter-tested, not yet run on a GPU (on CUDA only with FALCON_TRITON_UNPROVEN=1).
-A_INV = env_choice("FALCON_TRITON_A_INV", "subst", ("subst", "prod"),
-                   "Falcon-1/-3: _fwd_prep's diagonal-block inverses by substitution (proven) or as a product of dots")
+# (kernels_2026-12-03h/call5). On the H200 (2026-12-05, twenty-third session, 5852125, benchmarks/results/h200_logs/kernels_2026-12-05/): the whole check
+# sweeps of Falcon-1 and -3 pass with "prod" (29/29 each), and in one process it takes Falcon-1 to 0.855 / 0.968 /
+# 0.869 / 0.941x and Falcon-3 to 0.867 / 0.966 / 0.881 / 0.940x the GPU time of "subst" at (16, 2048, 12, 64),
+# (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128) (_fwd_prep 0.43 -> 0.23 and 1.64 -> 0.74 ms at the
+# first): the default since then.
+A_INV = env_choice("FALCON_TRITON_A_INV", "prod", ("subst", "prod"),
+                   "Falcon-1/-3: _fwd_prep's diagonal-block inverses by substitution or as a product of dots (both "
+                   "proven)")
 
 
 # The backward's dU buffer (ours): "fp32" (proven, the default) or "input" (the inputs' dtype, as fla keeps its dv
@@ -101,10 +106,13 @@ A_INV = env_choice("FALCON_TRITON_A_INV", "subst", ("subst", "prod"),
 # _bwd_state adds its state part in fp32 and stores it rounded, _bwd_cc reads it. Every kernel computes in fp32 and only
 # the buffer changes (its loads are promoted), so the fp32 builds' code is unchanged. Half its bytes: at
 # (16, 2048, 12, 64) bf16 101 MB for Falcon-1, W times that for Falcon-3's pseudo-tokens (its largest backward buffer,
-# written twice and read twice). Written 2026-12-04 (twenty-second session); interpreter-tested, not yet run on a GPU
-# (on CUDA only with FALCON_TRITON_UNPROVEN=1).
-DU_DTYPE = env_choice("FALCON_TRITON_DU_DTYPE", "fp32", ("fp32", "input"),
-                      "Falcon-1/-1A/-3: the backward's dU buffer in fp32 (proven) or the inputs' dtype")
+# written twice and read twice). Written 2026-12-04 (twenty-second session). On the H200 (2026-12-05, benchmarks/results/h200_logs/kernels_2026-12-05/): the
+# sweeps of Falcon-1, -1A and -3 pass with "input" (29/29 each, beside GATE_FOLD=on), and in one process it is
+# 0.968 / 0.976 / 0.978 / 0.979x (Falcon-1), 0.969 / 0.989 / 0.977 / 0.950x (1A), 0.983 / 0.982 / 0.980 / 0.984x (3) the
+# GPU time of "fp32" at the four shapes, Falcon-3's peak 2290.6 -> 2170.6 MB as op_memory.py predicted: the default
+# since then.
+DU_DTYPE = env_choice("FALCON_TRITON_DU_DTYPE", "input", ("fp32", "input"),
+                      "Falcon-1/-1A/-3: the backward's dU buffer in fp32 or the inputs' dtype (both proven)")
 
 
 def du_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -116,10 +124,13 @@ def du_dtype(dtype: torch.dtype) -> torch.dtype:
 # proven, the default) or "on" (where one key tile covers K, K <= 64: _bwd_dqdx forms dg itself, as _bwd_gate does,
 # from the same sums: one launch, PART's write and read fewer per backward of Falcon-1, -1A, -3 and the 3A scans, whose
 # small shapes are bound by the host's launches: Falcon-1A 1.28 ms of host time per fwd+bwd for 9 launches at
-# (16, 2048, 12, 64), kernels_2026-12-04e/call1). Written 2026-12-04 (twenty-second session); interpreter-tested, not
-# yet run on a GPU (on CUDA only with FALCON_TRITON_UNPROVEN=1).
+# (16, 2048, 12, 64), kernels_2026-12-04e/call1). Written 2026-12-04 (twenty-second session). On the H200 (2026-12-05,
+# benchmarks/results/h200_logs/kernels_2026-12-05/) the sweeps of Falcon-1, -1A and -3 pass with "on" (beside DU_DTYPE=input), but in one process it is
+# 1.002 / 1.034 / 1.022x (Falcon-1 / 1A / 3A) the GPU time of "off" at (16, 2048, 12, 64) and 1.002 / 1.028 / 1.018x
+# at (4, 8192, 12, 64), the host's time within its noise: proven, "off" stays the default.
 GATE_FOLD = env_choice("FALCON_TRITON_GATE_FOLD", "off", ("off", "on"),
-                       "Falcon-1/-1A/-3: dlog γ inside _bwd_dqdx where one key tile covers K (unproven), or _bwd_gate")
+                       "Falcon-1/-1A/-3: dlog γ inside _bwd_dqdx where one key tile covers K, or _bwd_gate (both "
+                       "proven)")
 
 
 def inv_groups(group: int) -> int:
@@ -1010,14 +1021,12 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
     (lean.py's own calls)."""
     bounds = _lean.lean_bounds(q, x, C, delta, group, gather, xoff, cu_seqlens) if lean else []
     if bounds:  # Falcon-3 in place in time segments (lean.py)
-        refuse_unproven(q.device, "FALCON_TRITON_3_LEAN=on", "=off")
         return _lean.lean_forward(bounds, q, x, v, eta, g, S0, chunk_forward=chunk_forward, group=group,
                                   out_dtype=out_dtype, delta=delta, read_after=read_after, C=C,
                                   allow_tf32=allow_tf32, gather=gather)
     Bo, Ts = q.shape[:2]
     GP = _ds.dsplit_pieces(q, x, v, C, delta, group, gather, xoff, cu_seqlens)
     if GP:  # the delta rule's passes split along the sequence (delta_split.py): every kernel on the piece view
-        refuse_unproven(q.device, "FALCON_TRITON_DELTA_SPLIT=on", "=off")
         q, eta, g = (_ds.piece_view(GP, t) for t in (q, eta, g))
         x, v = ((_ds.pair_pieces(GP, t, Ts) for t in (x, v)) if gather else (_ds.piece_view(GP, t) for t in (x, v)))
     B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
@@ -1035,8 +1044,6 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         R = torch.empty(B, T, H, V, dtype=q.dtype, device=dev)
         iprec = prec if (q.dtype == torch.float32 or dev.type == "cpu") else "tf32"
         ng = inv_groups(group)
-        if ng:
-            refuse_unproven(dev, "FALCON_TRITON_A_INV=prod", "=subst")
         _fwd_prep[(NT, B * H)](x, v, eta, g, A, WT, VT, T, XT, xoff, H, K, V, C, BK, BVo, prec, iprec, group, gather,
                                *va, ng, **st)
     else:
@@ -1075,7 +1082,6 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     pair gradients' dtype if not x's (lean.py sums its segments' in fp32). lean=False: as chunk_forward's."""
     bounds = _lean.lean_bounds(q, x, C, delta, group, gather, xoff, cu_seqlens) if lean else []
     if bounds:  # Falcon-3 in place in time segments (lean.py): saved[0] holds the segments' start states
-        refuse_unproven(q.device, "FALCON_TRITON_3_LEAN=on", "=off")
         return _lean.lean_backward(bounds, q, x, v, eta, g, saved[0], dO, dST, chunk_forward=chunk_forward,
                                    chunk_backward=chunk_backward, group=group, need_ds0=need_ds0, delta=delta,
                                    read_after=read_after, C=C, allow_tf32=allow_tf32, gather=gather)
@@ -1084,7 +1090,6 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     x0, v0 = x, v
     GP = _ds.dsplit_pieces(q, x, v, C, delta, group, gather, xoff, cu_seqlens)
     if GP:  # the forward's piece view (delta_split.py)
-        refuse_unproven(q.device, "FALCON_TRITON_DELTA_SPLIT=on", "=off")
         q, eta, g, dO = (_ds.piece_view(GP, t) for t in (q, eta, g, dO))
         x, v = ((_ds.pair_pieces(GP, t, Ts) for t in (x, v)) if gather else (_ds.piece_view(GP, t) for t in (x, v)))
         Bp, Tp = q.shape[0], q.shape[1] * group if gather else q.shape[1]
@@ -1099,8 +1104,6 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
         XT = _ds.pair_rows(GP, x, Ts)
     f32 = torch.float32
     DU = None
-    if DU_DTYPE != "fp32":
-        refuse_unproven(dev, "FALCON_TRITON_DU_DTYPE=input", "=fp32")
     NP = split_pieces(NT, cdiv(V, BVs) * NKB * NS * H, not delta, cu_seqlens is None and group == 1)
     if NKB == 1 and not NP:  # DU's intra part first, its state part added by _bwd_state
         DU = torch.empty(B, T, H, V, dtype=du_dtype(q.dtype), device=dev)
@@ -1148,7 +1151,6 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     dq = _empty((B, T, H, K) if gather and not dqsum else q.shape, q.dtype, dev)
     dx = grad((B, T, H, K) if gather else x.shape, x.dtype)
     if GATE_FOLD == "on" and cdiv(K, BKt) == 1:  # dg inside _bwd_dqdx (one key tile): no PART, no _bwd_gate
-        refuse_unproven(dev, "FALCON_TRITON_GATE_FOLD=on", "=off")
         dg = _empty(g.shape, g.dtype, dev)
         _bwd_dqdx[(1, NT, B * H)](q, x, v, R, eta, g, HS, DHS, dO, dv, MM, GM, dq, dx, eta, T, XT, xoff, NT, H, K, V, C,
                                   BKt, BVt, delta, read_after, prec, group, gather, *va, dqsum, VEC, dg, True,

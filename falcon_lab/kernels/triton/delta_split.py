@@ -35,16 +35,21 @@ import triton
 import triton.language as tl
 
 from .chunk import _gfirst, _rows_w  # chunk.py imports this module at its end, after these
-from .common import STATE_PROGRAMS, _cfg, _empty, _state_tile, cdiv, state_bv
+from .common import _cfg, _empty, _state_tile, cdiv, state_bv
 from .host import env_choice
 
-# "off" (the proven single pass, the default) or "on": split the delta rule's passes into pieces of DELTA_SPLIT_LEN
-# chunks where the single pass has fewer than STATE_PROGRAMS programs and the call allows it (dsplit_pieces).
-# Written 2026-12-05 (twenty-third session, no GPU lent); interpreter-tested, not yet run on a GPU (on CUDA only with
-# FALCON_TRITON_UNPROVEN=1).
-DELTA_SPLIT = env_choice("FALCON_TRITON_DELTA_SPLIT", "off", ("off", "on"),
-                         "Falcon-1, Falcon-3 in place: the delta rule's state passes split along the sequence "
-                         "(unproven)")
+# "off" (the single pass) or "on": split the delta rule's passes into pieces of DELTA_SPLIT_LEN chunks where the single
+# pass has fewer than DSPLIT_PROGRAMS programs and the call allows it (dsplit_pieces). Written 2026-12-05 (twenty-third
+# session). On the H200 the same day (benchmarks/results/h200_logs/kernels_2026-12-05/): the whole sweeps of Falcon-1 and -3 pass with it (pieces of 2 chunks,
+# 29/29 each; rows 1, 11, 22 of Falcon-1's and 1, 2, 5, 8, 11, 12, 15, 18, 22 of Falcon-3's split); in one process it
+# took Falcon-1 / -3 to 0.762 / 0.775x the GPU time of the single pass at (1, 32768, 6, 128) (48 programs) but to
+# 1.076 / 1.036x at (4, 8192, 12, 64) (192 programs; then STATE_PROGRAMS = 264 was the bound): the default since then,
+# bounded by one program per SM.
+DELTA_SPLIT = env_choice("FALCON_TRITON_DELTA_SPLIT", "on", ("off", "on"),
+                         "Falcon-1, Falcon-3 in place: the delta rule's state passes split along the sequence (both "
+                         "proven)")
+# Split only below this many programs of the single pass (the H200's 132 SMs; measured above)
+DSPLIT_PROGRAMS = 132
 # Chunks a piece (a check at real sizes sets a small one so that its rows split; the interpreter tests set 1 or 2)
 DELTA_SPLIT_LEN = int(env_choice("FALCON_TRITON_DELTA_SPLIT_LEN", "32", ("1", "2", "4", "8", "16", "32", "64"),
                                  "chunks a piece of a split delta-rule state pass (FALCON_TRITON_DELTA_SPLIT=on)"))
@@ -54,7 +59,7 @@ def dsplit_pieces(q, x, v, C: int, delta: bool, group: int, gather: bool, xoff: 
     """The pieces G of chunk.py's delta-rule passes for this call, or 0 for the single pass: DELTA_SPLIT="on", a dense
     call (no cu_seqlens, xoff 0, x and v with one row per kernel row, or Falcon-3's pair stream with C a multiple of
     W), T a multiple of C, the chunks a multiple of DELTA_SPLIT_LEN, G >= 2, and the single pass starved of programs
-    (its value tiles x sequences·heads below STATE_PROGRAMS, as state_bv counts them)."""
+    (its value tiles x sequences·heads below DSPLIT_PROGRAMS, as state_bv counts them)."""
     if DELTA_SPLIT != "on" or not delta or cu_seqlens is not None or xoff:
         return 0
     B, Ts, H, K = q.shape
@@ -70,7 +75,7 @@ def dsplit_pieces(q, x, v, C: int, delta: bool, group: int, gather: bool, xoff: 
     L = DELTA_SPLIT_LEN
     if T % C or (T // C) % L or T // C // L < 2:
         return 0
-    if cdiv(V, state_bv(_cfg(K, V)[1], V, B * H, q.dtype)) * B * H >= STATE_PROGRAMS:
+    if cdiv(V, state_bv(_cfg(K, V)[1], V, B * H, q.dtype)) * B * H >= DSPLIT_PROGRAMS:
         return 0
     return T // C // L
 

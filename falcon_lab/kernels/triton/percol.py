@@ -38,7 +38,7 @@ import triton.language as tl
 from . import common
 from .common import (_chunk_rows, _empty, _np2, _state_init, _state_put, _state_tile, _state_tile_k, _varlen_chunk,
                      _varlen_seq, cdiv, launch, linear_state_tiles, varlen_args)
-from .host import env_choice, refuse_unproven
+from .host import env_choice
 from .state_split import bwd_state_split, fwd_state_split, split_pieces
 
 SB = 4  # columns per [C, C, SB] broadcast tile (ours: 64*64*4 fp32 = 64 KB per program)
@@ -68,11 +68,12 @@ FWD_GRID = env_choice("FALCON_TRITON_2A_FWD_GRID", "block", ("block", "chunk"),
 # The forward's inter-chunk term (ours): "kernel" (_pc_fwd_inter writes e^{ur} ⊙ (q S) to an fp32 OF that
 # _pc_fwd_intra_sb adds; proven, the default) or "fold" (_pc_fwd_intra_sb forms it from HS itself: one launch and
 # OF's write and read fewer; _pc_fwd_inter took 0.09 of Falcon-2A's 4.4 ms at (16, 2048, 12, 64), kernels_2026-12-04e/
-# call1). Written 2026-12-04 (twenty-second session); interpreter-tested, not yet run on a GPU (on CUDA only with
-# FALCON_TRITON_UNPROVEN=1). Falcon-2 shares it.
-FWD_INTER = env_choice("FALCON_TRITON_2A_FWD_INTER", "kernel", ("kernel", "fold"),
-                       "Falcon-2A/-2: the forward's inter-chunk term in its own kernel (proven) or in the sub-block "
-                       "kernel")
+# call1). Written 2026-12-04 (twenty-second session). Falcon-2 shares it. On the H200 (2026-12-05, benchmarks/results/h200_logs/kernels_2026-12-05/): the whole
+# 2A and 2 sweeps pass with "fold" (29/29 each, beside BWD_INTRA=fused), and in one process it is 0.992-1.000x (2A) and
+# 0.997-1.001x (2) the GPU time of "kernel" at the four shapes: one launch fewer for the same time, the default since.
+FWD_INTER = env_choice("FALCON_TRITON_2A_FWD_INTER", "fold", ("kernel", "fold"),
+                       "Falcon-2A/-2: the forward's inter-chunk term in its own kernel or in the sub-block kernel (both "
+                       "proven)")
 FWD_SB_WARPS = env_choice("FALCON_TRITON_2A_FWD_SB_WARPS", "4", ("4", "8"),
                           "Falcon-2A/-2: _pc_fwd_intra_sb's warps (proven: 4; 8 with 64-column tiles)")
 FWD_SB_BV = env_choice("FALCON_TRITON_2A_FWD_SB_BV", "64", ("32", "64"),
@@ -95,9 +96,12 @@ ROWS_BV = env_choice("FALCON_TRITON_2A_ROWS_BV", "32", ("32", "16"),
 # and value tile, each loading the chunk's keys, g and U; proven, the default) or "fused" (_pc_bwd_intra: one program per
 # chunk and value tile, the sub-blocks last to first, the later blocks' part of du through a [K, BV] sum; written
 # 2026-12-04, twenty-second session, after the H200 profile put _pc_bwd_rows + _pc_bwd_cols at 2.18 of Falcon-2A's
-# 4.4 ms at (16, 2048, 12, 64); interpreter-tested, not yet run on a GPU: on CUDA only with FALCON_TRITON_UNPROVEN=1).
+# 4.4 ms at (16, 2048, 12, 64). On the H200 (2026-12-05, benchmarks/results/h200_logs/kernels_2026-12-05/) the whole 2A and 2 sweeps pass with "fused" (29/29
+# each), but it is slower in one process: 1.013-1.120x (2A) and 1.004-1.023x (2) the GPU time of "split" (1.12x at
+# (16, 2048, 6, 128), where its 8-warp program holds a [K, BV] sum at K = 128): proven, but "split" stays the
+# default.
 BWD_INTRA = env_choice("FALCON_TRITON_2A_BWD_INTRA", "split", ("split", "fused"),
-                       "Falcon-2A/-2: the blocked backward's intra-chunk pass as two kernels (proven) or one (unproven)")
+                       "Falcon-2A/-2: the blocked backward's intra-chunk pass as two kernels (proven, faster) or one")
 # _pc_bwd_intra's launch (ours; offline ptxas for sm_90 with Triton 3.6, 2026-12-04, `ptx_fingerprint.py --stage cubin`):
 # at 8 warps with 32-column tiles bf16 K = 64 compiles without a stack (255 registers; 304 B of stack at 4 warps) and
 # K = 128 with 168 B (584 B at 4 warps; 16-column tiles were no better). Not timed: switch_ab.py can set FUSED_WARPS.
@@ -907,7 +911,6 @@ def fwd_out(q, x, v, eta, g, HS, T, NT, H, K, V, C, BK, BVo, read_after, prec, v
     B = q.shape[0]
     O = _empty((B, T, H, V), q.dtype, q.device)
     if FWD_INTER == "fold" and INTRA == "blocked" and FWD_GRID == "block":
-        refuse_unproven(q.device, "FALCON_TRITON_2A_FWD_INTER=fold", "=kernel")
         fwd_intra(q, x, v, eta, g, O, O, T, NT, H, K, V, C, BK, read_after, prec, va, st, HS=HS)
         return O
     OF = torch.empty(B, T, H, V, dtype=torch.float32, device=q.device)
@@ -955,8 +958,6 @@ def bwd_intra_main(q, x, v, eta, g, HS, DHS, dO, DU, DGR, DGU, dq, dx, dv, deta,
         BVi = min(32, _np2(V))
         dg_args = diag_args(q.dtype, prec)
         fused = BWD_INTRA == "fused"
-        if fused:
-            refuse_unproven(q.device, "FALCON_TRITON_2A_BWD_INTRA=fused", "=split")
         BVr = min(FUSED_BV, _np2(V)) if fused else min(int(ROWS_BV), _np2(V))
         NMP = cdiv(V, BVr) if fused or ROWS_GRID == "tile" else 1  # M's parts, one per value tile, summed in main
         MM = torch.empty(B, T, H, NMP, C, dtype=torch.float32, device=q.device)
