@@ -113,9 +113,10 @@ KS = [("F1A-after-K32", dict(delta=False, K=32)),
 CASES += [_c(f"ksplit-{n}", seed=190 + i, ksplit=True, **kw) for i, (n, kw) in enumerate(KS)]
 CASES.append(_c("ksplit-F2-C32-K32-unsplit", delta=True, per_col=True, C=32, T=45, B=1, K=32, seed=205, ksplit=True,
                 ksplit_none=True))
-# _fwd_prep's diagonal-block inverses as a product of dots (a_inv="prod": FALCON_TRITON_A_INV=prod, ours, opt-in and
-# unproven; truncated at L's nilpotency index 16 / W): Falcon-1 with one, two and four blocks a chunk, fp16, strong
-# decay; Falcon-3 in place at W = 2, 4, 8 (NG = 8, 4, 2) and on its host expansion
+# _fwd_prep's diagonal-block inverses: the product of dots (FALCON_TRITON_A_INV=prod, ours, truncated at L's
+# nilpotency index 16 / W) is the default since 2026-12-05 and runs in every delta case above; these keep the
+# substitution (a_inv="subst", the former default) covered: Falcon-1 with one, two and four blocks a chunk, fp16,
+# strong decay; Falcon-3 in place at W = 2, 4, 8 and on its host expansion
 AINV = [("F1-C64-T65", dict(delta=True, C=64, T=65, B=1, H=1, K=32, V=32)),
         ("F1-fp16-C32-before", dict(delta=True, C=32, T=45, after=False, dtype="float16")),
         ("F1-strong-decay-C64", dict(delta=True, C=64, T=64, B=1, H=1, strong=True)),
@@ -124,16 +125,16 @@ AINV = [("F1-C64-T65", dict(delta=True, C=64, T=65, B=1, H=1, K=32, V=32)),
                                                       strong=True, fused=True)),
         ("F3-gather-W8-fp16", dict(delta=True, W=8, T=12, K=16, V=16, dtype="float16", fused=True)),
         ("F3-expand-W4", dict(delta=True, W=4, T=23, fused=False))]
-CASES += [_c(f"ainv-prod-{n}", a_inv="prod", seed=230 + i, **kw) for i, (n, kw) in enumerate(AINV)]
-# the backward's dU buffer in the inputs' dtype (du_dtype="input": FALCON_TRITON_DU_DTYPE=input, ours, opt-in and
-# unproven; fp16 here, so the buffer is rounded twice as fla's dv is): Falcon-1 and -1A both read orders, Falcon-3 in
-# place, Falcon-3A's delayed form (its Falcon-1A scan), the key-split pass (DU written after it)
+CASES += [_c(f"ainv-subst-{n}", a_inv="subst", seed=230 + i, **kw) for i, (n, kw) in enumerate(AINV)]
+# the backward's dU buffer: in the inputs' dtype (FALCON_TRITON_DU_DTYPE=input, ours, as fla keeps its dv) by
+# default since 2026-12-05; these keep fp32 (du_dtype="fp32", the former default) covered at fp16, where the two
+# differ: Falcon-1 and -1A both read orders, Falcon-3 in place, Falcon-3A's delayed form, the key-split pass
 DUD = [("F1-fp16-C64", dict(delta=True, C=64, T=65, B=1, H=1, K=32, V=32)),
        ("F1A-fp16-before-C32", dict(delta=False, C=32, T=45, after=False)),
        ("F3-gather-W4-fp16-C64", dict(delta=True, W=4, C=64, T=40, B=1, H=2, K=32, V=16, fused=True)),
        ("F3A-delayed-W4-fp16", dict(delta=False, W=4, fused=True, delayed=True)),
        ("F1A-fp16-ksplit-K32", dict(delta=False, K=32, ksplit=True))]
-CASES += [_c(f"du-input-{n}", du_dtype="input", dtype="float16", seed=240 + i, **kw) for i, (n, kw) in enumerate(DUD)]
+CASES += [_c(f"du-fp32-{n}", du_dtype="fp32", dtype="float16", seed=240 + i, **kw) for i, (n, kw) in enumerate(DUD)]
 # the linear state passes split along the sequence (split=L: FALCON_TRITON_LINEAR_SPLIT=on with pieces of L chunks
 # instead of 32, ours, opt-in and unproven; state_split.py): Falcon-1A both read orders, pieces of one and two chunks
 # with a short last piece, the key split too (K = 48 in tiles of 16, a masked value tile), strong decay, no S0 / dS_T,
@@ -310,10 +311,10 @@ FUSED = [("F2A-C64-V48", dict(delta=False, C=64, T=70, B=1, V=48)),
          ("F2-fp16-C64-no-S0", dict(delta=True, C=64, T=70, B=1, H=1, K=32, dtype="float16", s0=False)),
          ("F2A-ksplit-C64-K32", dict(delta=False, C=64, T=70, B=1, K=32, ksplit=True))]
 CASES += [_c(f"fused-intra-{n}", per_col=True, bwd_intra="fused", seed=220 + i, **kw) for i, (n, kw) in enumerate(FUSED)]
-# ... and the forward's inter-chunk term inside the sub-block kernel (fwd_inter="fold": FALCON_TRITON_2A_FWD_INTER=fold,
-# ours, opt-in and unproven): with the fused backward (the pair the next A/B times together), both read orders,
-# masked tiles, fp16, Falcon-2, packed sequences
-CASES += [_c(f"fold-inter-{n}", per_col=True, bwd_intra="fused", fwd_inter="fold", seed=250 + i, **kw)
+# ... and the forward's inter-chunk term: inside the sub-block kernel (FALCON_TRITON_2A_FWD_INTER=fold, ours) by
+# default since 2026-12-05, so these keep its own kernel (fwd_inter="kernel", the former default) covered, with the
+# fused backward: both read orders, masked tiles, fp16, Falcon-2, packed sequences
+CASES += [_c(f"inter-kernel-{n}", per_col=True, bwd_intra="fused", fwd_inter="kernel", seed=250 + i, **kw)
           for i, (n, kw) in enumerate(FUSED[:2] + FUSED[4:6])]
 CASES.append(_c("F2-before-C32-V20", delta=True, per_col=True, after=False, C=32, T=45, B=1, K=16, V=20, seed=18))
 CASES.append(_c("F2-C64-strong-decay-no-S0-no-dST", delta=True, per_col=True, C=64, T=70, B=1, H=1, K=32, V=16,
@@ -435,7 +436,7 @@ VARLEN += [dict(id=f"varlen-native-F3-{dt}-C{C}-{rd}", varlen=True, variant="3",
 VARLEN += [dict(id=f"varlen-native-F{v}-C64-chunkgrid-rows16", varlen=True, variant=v, dtype="float32", C=64,
                 seed=64 + i, fwd_grid="chunk", rows_bv="16") for i, v in enumerate(("2A", "2"))]
 VARLEN.append(dict(id="varlen-native-F2A-C64-fused-intra-before", varlen=True, variant="2A", dtype="float16", C=64,
-                   read="before", shift=False, seed=74, bwd_intra="fused", fwd_inter="fold"))
+                   read="before", shift=False, seed=74, bwd_intra="fused", fwd_inter="kernel"))
 VARLEN.append(dict(id="varlen-native-F1A-float32-C16-seqsplit-unsplit", varlen=True, variant="1A", dtype="float32", C=16,
                    seed=78, split=1, split_none=True))
 VARLEN.append(dict(id="varlen-native-F1-float32-C16-dsplit-unsplit", varlen=True, variant="1", dtype="float32", C=16,

@@ -47,9 +47,9 @@ CASES += _window_cases("F3", 40, [(4, True, "nlms", "scaled", True, 3, False, Tr
                                   (4, False, "nlms", "scaled", True, 0, False, False)], delta=True)
 
 
-# ... and its gate backward from the statistic the forward stored (gates="stat": FALCON_TRITON_3_PREP_GATES=stat, ours,
-# opt-in and unproven): the same outputs and gradients as the default to the bit (`gates_vs_default`), shift or not,
-# padding, a carried tail
+# ... and its gate backward from the statistic the forward stored (FALCON_TRITON_3_PREP_GATES=stat, ours, the default
+# since 2026-12-05) against the recomputed μ_t's (=recompute): the same outputs and gradients to the bit
+# (`gates_forms_differ`), shift or not, padding, a carried tail
 CASES += _window_cases("F3-gstat", 50, [(4, True, "nlms", "scaled", True, 3, False, True),
                                         (8, False, "direct", "absolute", False, 0, True, False)], delta=True,
                        gates="stat")
@@ -66,7 +66,7 @@ def test_fused_prep_matches_float64_as_well_as_the_torch_prep(results, case):
     is (within 4x, plus 5e-6: the two sum ||x||² in different orders)."""
     res = case_result(results, case["id"])
     if case.get("gates"):
-        assert res.pop("gates_vs_default") == 0.0, "the statistic-based gate backward differs from the default"
+        assert res.pop("gates_forms_differ") == 0.0, "the statistic-based gate backward differs from the recomputed one"
     assert set(res) >= {"x", "v", "eta", "g", "stat", "dk", "dbeta", "dlam"}
     assert ("dlast_k" in res) == case["last_k"] and ("dtail_x" in res) == bool(case.get("tail"))
     for name, e in res.items():

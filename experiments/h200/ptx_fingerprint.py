@@ -260,14 +260,15 @@ def _record_prep(records, label, dts, quick):
                         torch.autograd.grad((xw.float().sum() + eta.float().sum() + g.float().sum()),
                                             [t for t in (k, beta, lam, lk, tx) if t is not None], allow_unused=True)
                         if eig and hasattr(prep_window, "GATES"):  # the gates from the statistic (since 2026-12-05)
-                            prep_window.GATES = "stat"
-                            label[0] += " gates=stat"
+                            gates_default = prep_window.GATES
+                            prep_window.GATES = "recompute" if gates_default == "stat" else "stat"
+                            label[0] += f" gates={prep_window.GATES}"
                             xw, eta, g, stat = prep_window._FusedWindowPrep.apply(k, beta, lam, lk, tx, seen, vmask,
                                                                                   wcfg)
                             torch.autograd.grad((xw.float().sum() + eta.float().sum() + g.float().sum()),
                                                 [t for t in (k, beta, lam, lk, tx) if t is not None],
                                                 allow_unused=True)
-                            prep_window.GATES = "recompute"
+                            prep_window.GATES = gates_default
 
 
 def _compile_all(records):
