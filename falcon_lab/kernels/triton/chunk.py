@@ -91,11 +91,11 @@ STATE_DTYPE = env_choice("FALCON_TRITON_STATE_DTYPE", "input", ("fp32", "input")
 # vanish: two dots for Falcon-3 at W = 4, whose L is block-strict over groups of W, six for Falcon-1; percol_delta's
 # INV_FORM="prod" is the same product, proven for Falcon-2's per-column inverses). Written 2026-12-04 (twenty-second
 # session) after an H200 profile put _fwd_prep at 1.65 of Falcon-3's 7.3 ms at (16, 2048, 12, 64)
-# (kernels_2026-12-03h/call5). On the H200 (2026-12-05, twenty-third session, 5852125, benchmarks/results/h200_logs/kernels_2026-12-05/): the whole check
-# sweeps of Falcon-1 and -3 pass with "prod" (29/29 each), and in one process it takes Falcon-1 to 0.855 / 0.968 /
-# 0.869 / 0.941x and Falcon-3 to 0.867 / 0.966 / 0.881 / 0.940x the GPU time of "subst" at (16, 2048, 12, 64),
-# (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128) (_fwd_prep 0.43 -> 0.23 and 1.64 -> 0.74 ms at the
-# first): the default since then.
+# (kernels_2026-12-03h/call5). On the H200 (2026-12-05, twenty-third session, 5852125,
+# benchmarks/results/h200_logs/kernels_2026-12-05/): the whole check sweeps of Falcon-1 and -3 pass with "prod" (29/29
+# each), and in one process it takes Falcon-1 to 0.855 / 0.968 / 0.869 / 0.941x and Falcon-3 to 0.867 / 0.966 / 0.881 /
+# 0.940x the GPU time of "subst" at (16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128)
+# (_fwd_prep 0.43 -> 0.23 and 1.64 -> 0.74 ms at the first): the default since then.
 A_INV = env_choice("FALCON_TRITON_A_INV", "prod", ("subst", "prod"),
                    "Falcon-1/-3: _fwd_prep's diagonal-block inverses by substitution or as a product of dots (both "
                    "proven)")
@@ -106,11 +106,11 @@ A_INV = env_choice("FALCON_TRITON_A_INV", "prod", ("subst", "prod"),
 # _bwd_state adds its state part in fp32 and stores it rounded, _bwd_cc reads it. Every kernel computes in fp32 and only
 # the buffer changes (its loads are promoted), so the fp32 builds' code is unchanged. Half its bytes: at
 # (16, 2048, 12, 64) bf16 101 MB for Falcon-1, W times that for Falcon-3's pseudo-tokens (its largest backward buffer,
-# written twice and read twice). Written 2026-12-04 (twenty-second session). On the H200 (2026-12-05, benchmarks/results/h200_logs/kernels_2026-12-05/): the
-# sweeps of Falcon-1, -1A and -3 pass with "input" (29/29 each, beside GATE_FOLD=on), and in one process it is
-# 0.968 / 0.976 / 0.978 / 0.979x (Falcon-1), 0.969 / 0.989 / 0.977 / 0.950x (1A), 0.983 / 0.982 / 0.980 / 0.984x (3) the
-# GPU time of "fp32" at the four shapes, Falcon-3's peak 2290.6 -> 2170.6 MB as op_memory.py predicted: the default
-# since then.
+# written twice and read twice). Written 2026-12-04 (twenty-second session). On the H200 (2026-12-05,
+# benchmarks/results/h200_logs/kernels_2026-12-05/): the sweeps of Falcon-1, -1A and -3 pass with "input" (29/29 each,
+# beside GATE_FOLD=on), and in one process it is 0.968 / 0.976 / 0.978 / 0.979x (Falcon-1), 0.969 / 0.989 / 0.977 /
+# 0.950x (1A), 0.983 / 0.982 / 0.980 / 0.984x (3) the GPU time of "fp32" at the four shapes, Falcon-3's peak 2290.6 ->
+# 2170.6 MB as op_memory.py predicted: the default since then.
 DU_DTYPE = env_choice("FALCON_TRITON_DU_DTYPE", "input", ("fp32", "input"),
                       "Falcon-1/-1A/-3: the backward's dU buffer in fp32 or the inputs' dtype (both proven)")
 
@@ -125,9 +125,10 @@ def du_dtype(dtype: torch.dtype) -> torch.dtype:
 # from the same sums: one launch, PART's write and read fewer per backward of Falcon-1, -1A, -3 and the 3A scans, whose
 # small shapes are bound by the host's launches: Falcon-1A 1.28 ms of host time per fwd+bwd for 9 launches at
 # (16, 2048, 12, 64), kernels_2026-12-04e/call1). Written 2026-12-04 (twenty-second session). On the H200 (2026-12-05,
-# benchmarks/results/h200_logs/kernels_2026-12-05/) the sweeps of Falcon-1, -1A and -3 pass with "on" (beside DU_DTYPE=input), but in one process it is
-# 1.002 / 1.034 / 1.022x (Falcon-1 / 1A / 3A) the GPU time of "off" at (16, 2048, 12, 64) and 1.002 / 1.028 / 1.018x
-# at (4, 8192, 12, 64), the host's time within its noise: proven, "off" stays the default.
+# benchmarks/results/h200_logs/kernels_2026-12-05/) the sweeps of Falcon-1, -1A and -3 pass with "on" (beside
+# DU_DTYPE=input), but in one process it is 1.002 / 1.034 / 1.022x (Falcon-1 / 1A / 3A) the GPU time of "off" at (16,
+# 2048, 12, 64) and 1.002 / 1.028 / 1.018x at (4, 8192, 12, 64), the host's time within its noise: proven, "off" stays
+# the default.
 GATE_FOLD = env_choice("FALCON_TRITON_GATE_FOLD", "off", ("off", "on"),
                        "Falcon-1/-1A/-3: dlog γ inside _bwd_dqdx where one key tile covers K, or _bwd_gate (both "
                        "proven)")
@@ -1027,8 +1028,7 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
     Bo, Ts = q.shape[:2]
     GP = _ds.dsplit_pieces(q, x, v, C, delta, group, gather, xoff, cu_seqlens)
     if GP:  # the delta rule's passes split along the sequence (delta_split.py): every kernel on the piece view
-        q, eta, g = (_ds.piece_view(GP, t) for t in (q, eta, g))
-        x, v = ((_ds.pair_pieces(GP, t, Ts) for t in (x, v)) if gather else (_ds.piece_view(GP, t) for t in (x, v)))
+        x, v, q, eta, g = _ds.piece_streams(GP, Ts, gather, x, v, q, eta, g)
     B, T, H, K, V, NT, BK, BVs, BVo, _, _, prec, st, dev = launch(q, v.shape[-1], C, allow_tf32,
                                                                   q.shape[1] * group if gather else 0)
     va, NT, NS = varlen_args(cu_seqlens, q, T, C, NT, B, group if gather else 1, xoff)
@@ -1090,8 +1090,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     x0, v0 = x, v
     GP = _ds.dsplit_pieces(q, x, v, C, delta, group, gather, xoff, cu_seqlens)
     if GP:  # the forward's piece view (delta_split.py)
-        q, eta, g, dO = (_ds.piece_view(GP, t) for t in (q, eta, g, dO))
-        x, v = ((_ds.pair_pieces(GP, t, Ts) for t in (x, v)) if gather else (_ds.piece_view(GP, t) for t in (x, v)))
+        x, v, q, eta, g, dO = _ds.piece_streams(GP, Ts, gather, x, v, q, eta, g, dO)
         Bp, Tp = q.shape[0], q.shape[1] * group if gather else q.shape[1]
         HS = HS.view(Bp, HS.shape[1], HS.shape[2] // GP, *HS.shape[3:])
         A, WT, R = (t.view(Bp, Tp, *t.shape[2:]) for t in (A, WT, R))

@@ -1,4 +1,4 @@
-"""The delta rule's state passes split along the sequence (ours; FALCON_TRITON_DELTA_SPLIT, opt-in, unproven).
+"""The delta rule's state passes split along the sequence (ours; FALCON_TRITON_DELTA_SPLIT, proven, the default).
 
 chunk.py's delta-rule passes (Falcon-1 and Falcon-3's in-place pseudo-tokens) are affine in the state with a matrix
 per chunk: with Wt, Vt from _fwd_prep and c = e^{u_C - u} ⊙ η,
@@ -40,11 +40,11 @@ from .host import env_choice
 
 # "off" (the single pass) or "on": split the delta rule's passes into pieces of DELTA_SPLIT_LEN chunks where the single
 # pass has fewer than DSPLIT_PROGRAMS programs and the call allows it (dsplit_pieces). Written 2026-12-05 (twenty-third
-# session). On the H200 the same day (benchmarks/results/h200_logs/kernels_2026-12-05/): the whole sweeps of Falcon-1 and -3 pass with it (pieces of 2 chunks,
-# 29/29 each; rows 1, 11, 22 of Falcon-1's and 1, 2, 5, 8, 11, 12, 15, 18, 22 of Falcon-3's split); in one process it
-# took Falcon-1 / -3 to 0.762 / 0.775x the GPU time of the single pass at (1, 32768, 6, 128) (48 programs) but to
-# 1.076 / 1.036x at (4, 8192, 12, 64) (192 programs; then STATE_PROGRAMS = 264 was the bound): the default since then,
-# bounded by one program per SM.
+# session). On the H200 the same day (benchmarks/results/h200_logs/kernels_2026-12-05/): the whole sweeps of Falcon-1
+# and -3 pass with it (pieces of 2 chunks, 29/29 each; rows 1, 11, 22 of Falcon-1's and 1, 2, 5, 8, 11, 12, 15, 18, 22
+# of Falcon-3's split); in one process it took Falcon-1 / -3 to 0.762 / 0.775x the GPU time of the single pass at (1,
+# 32768, 6, 128) (48 programs) but to 1.076 / 1.036x at (4, 8192, 12, 64) (192 programs; then STATE_PROGRAMS = 264 was
+# the bound): the default since then, bounded by one program per SM.
 DELTA_SPLIT = env_choice("FALCON_TRITON_DELTA_SPLIT", "on", ("off", "on"),
                          "Falcon-1, Falcon-3 in place: the delta rule's state passes split along the sequence (both "
                          "proven)")
@@ -97,6 +97,13 @@ def pair_pieces(G: int, t: torch.Tensor, Ts: int) -> torch.Tensor:
                        (t.stride(0), Ls * t.stride(1), t.stride(1), *t.stride()[2:]))
     # a copy (reshape alone may return the overlapping view itself where B = 1)
     return win.reshape(t.shape[0] * G, Ls + extra, *t.shape[2:]).contiguous()
+
+
+def piece_streams(G: int, Ts: int, gather: bool, x, v, *steps):
+    """A call's streams on the piece view: (x, v, *steps), the pair streams by pair_pieces (Falcon-3 in place) or
+    piece_view (one row a step), the per-step tensors (q, η, log γ, dO) by piece_view."""
+    pairs = (pair_pieces(G, t, Ts) for t in (x, v)) if gather else (piece_view(G, t) for t in (x, v))
+    return (*pairs, *(piece_view(G, t) for t in steps))
 
 
 def pair_rows(G: int, x: torch.Tensor, Ts: int) -> int:

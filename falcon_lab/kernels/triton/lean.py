@@ -1,4 +1,4 @@
-"""Falcon-3 in place in time segments, recomputed in the backward (ours; FALCON_TRITON_3_LEAN, opt-in, unproven).
+"""Falcon-3 in place in time segments, recomputed in the backward (ours; FALCON_TRITON_3_LEAN, opt-in, proven).
 
 Falcon-3's chunk form (chunk.py, `gather=True`) runs Falcon-1's kernels over T·W pseudo-tokens: what its forward saves
 for the backward (A, Wt, R per pseudo-token, the states of chunks of C / W steps) and the backward's scratch (dU, dHS,
@@ -27,11 +27,12 @@ import torch
 from .host import cdiv, env_choice
 
 # "off" (one call over the whole sequence, the default) or "on" (Falcon-3 in place in segments, recomputed).
-# Written 2026-12-05 (twenty-third session). On the H200 the same day (benchmarks/results/h200_logs/kernels_2026-12-05/): Falcon-3's whole check sweep passes
-# with "on" (29/29), and in one process beside Falcon-1 its peak is 1207.4 / 1152.8 / 1190.5 / 1241.5 MB (op_memory.py
-# predicted 1206.8 / 1152.8 / 1190.5 / 1241.3), 1.54 / 1.44 / 1.52 / 1.55x Falcon-1's 784.5 / 803.3 / 784.5 / 803.3
-# (2.92-2.95x with "off"), at 1.458 / 1.438 / 1.442 / 1.492x the GPU time of "off", at (16, 2048, 12, 64),
-# (1, 32768, 6, 128), (4, 8192, 12, 64), (16, 2048, 6, 128). Proven; a memory mode, so "off" stays the default.
+# Written 2026-12-05 (twenty-third session). On the H200 the same day
+# (benchmarks/results/h200_logs/kernels_2026-12-05/): Falcon-3's whole check sweep passes with "on" (29/29), and in one
+# process beside Falcon-1 its peak is 1207.4 / 1152.8 / 1190.5 / 1241.5 MB (op_memory.py predicted 1206.8 / 1152.8 /
+# 1190.5 / 1241.3), 1.54 / 1.44 / 1.52 / 1.55x Falcon-1's 784.5 / 803.3 / 784.5 / 803.3 (2.92-2.95x with "off"), at
+# 1.458 / 1.438 / 1.442 / 1.492x the GPU time of "off", at (16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64),
+# (16, 2048, 6, 128). Proven; a memory mode, so "off" stays the default.
 LEAN = env_choice("FALCON_TRITON_3_LEAN", "off", ("off", "on"),
                   "Falcon-3 in place: in time segments with the forward recomputed in the backward (both proven)")
 LEAN_SEGMENTS = int(env_choice("FALCON_TRITON_3_LEAN_SEGMENTS", "4", ("2", "4", "8", "16"),

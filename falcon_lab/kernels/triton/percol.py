@@ -68,9 +68,10 @@ FWD_GRID = env_choice("FALCON_TRITON_2A_FWD_GRID", "block", ("block", "chunk"),
 # The forward's inter-chunk term (ours): "kernel" (_pc_fwd_inter writes e^{ur} ⊙ (q S) to an fp32 OF that
 # _pc_fwd_intra_sb adds; proven, the default) or "fold" (_pc_fwd_intra_sb forms it from HS itself: one launch and
 # OF's write and read fewer; _pc_fwd_inter took 0.09 of Falcon-2A's 4.4 ms at (16, 2048, 12, 64), kernels_2026-12-04e/
-# call1). Written 2026-12-04 (twenty-second session). Falcon-2 shares it. On the H200 (2026-12-05, benchmarks/results/h200_logs/kernels_2026-12-05/): the whole
-# 2A and 2 sweeps pass with "fold" (29/29 each, beside BWD_INTRA=fused), and in one process it is 0.992-1.000x (2A) and
-# 0.997-1.001x (2) the GPU time of "kernel" at the four shapes: one launch fewer for the same time, the default since.
+# call1). Written 2026-12-04 (twenty-second session). Falcon-2 shares it. On the H200 (2026-12-05,
+# benchmarks/results/h200_logs/kernels_2026-12-05/): the whole 2A and 2 sweeps pass with "fold" (29/29 each, beside
+# BWD_INTRA=fused), and in one process it is 0.992-1.000x (2A) and 0.997-1.001x (2) the GPU time of "kernel" at the four
+# shapes: one launch fewer for the same time, the default since.
 FWD_INTER = env_choice("FALCON_TRITON_2A_FWD_INTER", "fold", ("kernel", "fold"),
                        "Falcon-2A/-2: the forward's inter-chunk term in its own kernel or in the sub-block kernel (both "
                        "proven)")
@@ -96,10 +97,10 @@ ROWS_BV = env_choice("FALCON_TRITON_2A_ROWS_BV", "32", ("32", "16"),
 # and value tile, each loading the chunk's keys, g and U; proven, the default) or "fused" (_pc_bwd_intra: one program per
 # chunk and value tile, the sub-blocks last to first, the later blocks' part of du through a [K, BV] sum; written
 # 2026-12-04, twenty-second session, after the H200 profile put _pc_bwd_rows + _pc_bwd_cols at 2.18 of Falcon-2A's
-# 4.4 ms at (16, 2048, 12, 64). On the H200 (2026-12-05, benchmarks/results/h200_logs/kernels_2026-12-05/) the whole 2A and 2 sweeps pass with "fused" (29/29
-# each), but it is slower in one process: 1.013-1.120x (2A) and 1.004-1.023x (2) the GPU time of "split" (1.12x at
-# (16, 2048, 6, 128), where its 8-warp program holds a [K, BV] sum at K = 128): proven, but "split" stays the
-# default.
+# 4.4 ms at (16, 2048, 12, 64). On the H200 (2026-12-05, benchmarks/results/h200_logs/kernels_2026-12-05/) the whole 2A
+# and 2 sweeps pass with "fused" (29/29 each), but it is slower in one process: 1.013-1.120x (2A) and 1.004-1.023x (2)
+# the GPU time of "split" (1.12x at (16, 2048, 6, 128), where its 8-warp program holds a [K, BV] sum at K = 128):
+# proven, but "split" stays the default.
 BWD_INTRA = env_choice("FALCON_TRITON_2A_BWD_INTRA", "split", ("split", "fused"),
                        "Falcon-2A/-2: the blocked backward's intra-chunk pass as two kernels (proven, faster) or one")
 # _pc_bwd_intra's launch (ours; offline ptxas for sm_90 with Triton 3.6, 2026-12-04, `ptx_fingerprint.py --stage cubin`):

@@ -38,7 +38,7 @@ import triton.language as tl
 from .chunk import a_dtype
 from .common import (_chunk_rows, _empty, _np2, _prec, _state_init, _state_put, _state_tile, _varlen_chunk,
                      _varlen_seq, cdiv, launch, varlen_args)
-from .host import SWITCHES, UNPROVEN, env_choice, env_value
+from .host import SWITCHES, env_choice, env_value, refuse_unproven
 from .percol import SB, bwd_intra_main, fwd_out
 
 # The per-column solves inside the two sequential state passes (ours): "fwd" (the default since 2026-12-03: the forward
@@ -956,10 +956,9 @@ def percol_delta_backward(q, x, v, eta, g, saved, dO, dST, *, read_after, C, all
     rev_inv = SOLVE in ("blocked_inv", "fused_inv")  # the reverse pass by sub-blocks with the diagonal blocks' inverses
     rev_blk = rev_inv or (SOLVE == "blocked" and C > 16)
     if rev_blk:
-        if dev.type == "cuda" and BLK_BWD != PROVEN_BLK_BWD and not UNPROVEN:
-            raise RuntimeError(f"FALCON_TRITON_2_SOLVE={SOLVE} with FALCON_TRITON_2_BLK_BWD other than '4,0,x32': "
-                               "this launch of the reverse state pass by sub-blocks is not proven on the H200 (16-bit "
-                               "dots failed there); it runs on CUDA only with FALCON_TRITON_UNPROVEN=1")
+        if BLK_BWD != PROVEN_BLK_BWD:  # other launches of the reverse pass by sub-blocks: 16-bit dots failed there
+            refuse_unproven(dev, f"FALCON_TRITON_2_SOLVE={SOLVE} with FALCON_TRITON_2_BLK_BWD other than '4,0,x32'",
+                            "'4,0,x32'")
         BVb = BLK_BWD[1] or BVb
         if rev_inv:
             BVb = min(BVb, 32)  # the [16, 16, BV] fp32 inverse block, as in the forward

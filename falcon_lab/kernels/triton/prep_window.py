@@ -44,9 +44,9 @@ from .prep import _block_rows, _keep, _log1m, _pair_x, _rows, _step, _step_bwd, 
 # stored, μ_t / max(B_t, 1) in fp32, the same value bit for bit, so no key is loaded and no squaring runs: the gates'
 # chain rule needs nothing else of the window). On the H200 _win_bwd_gates took 0.53 of Falcon-3's 7.1 ms at
 # (16, 2048, 12, 64) (kernels_2026-12-03h/call9). Written 2026-12-05 (twenty-third session). On the H200 the same
-# day (benchmarks/results/h200_logs/kernels_2026-12-05/): the fused-prep rows 23-29 of Falcon-3's sweep pass with "stat", and in one process it takes the kernel
-# from 0.53 to 0.004 ms and Falcon-3 to 0.924 / 0.971 / 0.930 / 0.949x the GPU time of "recompute" at the four
-# shapes: the default since then.
+# day (benchmarks/results/h200_logs/kernels_2026-12-05/): the fused-prep rows 23-29 of Falcon-3's sweep pass with
+# "stat", and in one process it takes the kernel from 0.53 to 0.004 ms and Falcon-3 to 0.924 / 0.971 / 0.930 / 0.949x
+# the GPU time of "recompute" at the four shapes: the default since then.
 GATES = env_choice("FALCON_TRITON_3_PREP_GATES", "stat", ("recompute", "stat"),
                    "Falcon-3's prep backward: the gates from μ_t recomputed or from the stored statistic (both "
                    "proven)")

@@ -1,4 +1,4 @@
-"""The linear state passes of chunk.py split along the sequence (ours; FALCON_TRITON_LINEAR_SPLIT, opt-in, unproven).
+"""The linear state passes of chunk.py split along the sequence (ours; FALCON_TRITON_LINEAR_SPLIT, proven, default).
 
 Falcon-1A's inter-chunk recurrence (and that of the Falcon-1A scans of Falcon-3A) is linear with a scalar decay per
 chunk: with u_C the chunk's log-decay and D_n = Xᵀ (e^{u_C - u} ⊙ η ⊙ V) its injection,
@@ -36,10 +36,10 @@ from .host import env_choice
 
 # "off" (the proven single pass, the default) or "on": split a linear pass into pieces of SPLIT_LEN chunks where it has
 # at least two pieces and fewer than STATE_PROGRAMS programs (a starved GPU). Written 2026-12-04 (twenty-second
-# session). On the H200 (2026-12-05, twenty-third session, 5852125, benchmarks/results/h200_logs/kernels_2026-12-05/): the whole sweeps of 1A, 3A and 2A pass
-# with it (pieces of 4 chunks, 29/29 each), and in one process it is 0.949 / 0.957 / 0.745x (1A / 3A / 2A) the GPU
-# time of the single pass at (1, 32768, 6, 128) and 0.999 / 1.000 / 0.918x at (4, 8192, 12, 64) (the B = 16 shapes
-# never split): the default since then.
+# session). On the H200 (2026-12-05, twenty-third session, 5852125, benchmarks/results/h200_logs/kernels_2026-12-05/):
+# the whole sweeps of 1A, 3A and 2A pass with it (pieces of 4 chunks, 29/29 each), and in one process it is 0.949 /
+# 0.957 / 0.745x (1A / 3A / 2A) the GPU time of the single pass at (1, 32768, 6, 128) and 0.999 / 1.000 / 0.918x at (4,
+# 8192, 12, 64) (the B = 16 shapes never split): the default since then.
 LINEAR_SPLIT = env_choice("FALCON_TRITON_LINEAR_SPLIT", "on", ("off", "on"),
                           "Falcon-1A, the 3A scans, Falcon-2A: the linear state passes split along the sequence "
                           "(both proven)")
