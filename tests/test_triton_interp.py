@@ -395,6 +395,9 @@ COMPILE = [dict(id=f"compile-fullgraph-F{v}", compile=True, variant=v, seed=23, 
            for v in ("1", "1A", "2A", "3A")]
 # Falcon-2 with the forward's block inverses kept for the backward: the custom operator's fake saved shapes
 COMPILE.append(dict(id="compile-fullgraph-F2-invkeep", compile=True, variant="2", seed=24, inv_keep="save"))
+# the fused prep as custom operators under compile (FALCON_TRITON_PREP_COMPILED=op, prep_ops.py): window 1 and Falcon-3
+COMPILE += [dict(id=f"compile-fullgraph-prep-op-F{v}", compile=True, variant=v, seed=25, prep_op=True)
+            for v in ("1", "3")]
 RECOMPUTE = [dict(id=f"recompute-F{v}", recompute=True, variant=v, seed=29) for v in ("1A", "2A")]
 API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21, scans=v == "3A")
        for v in ("1", "1A", "3A", "3", "2A", "2")]
@@ -625,6 +628,8 @@ def test_block_compiles_without_graph_break(results, case):
     r = results.get(case["id"])
     assert r is not None and "error" not in r, r
     assert r["res"]["max_abs_diff"] <= 1e-6, r
+    if case.get("prep_op"):  # the prep ran as the operator (traced once; no graph break above)
+        assert r["res"]["prep_op_calls"] >= 1, r
 
 
 @pytest.mark.parametrize("case", RECOMPUTE, ids=[c["id"] for c in RECOMPUTE])

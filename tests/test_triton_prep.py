@@ -55,6 +55,16 @@ CASES += _window_cases("F3-gstat", 50, [(4, True, "nlms", "scaled", True, 3, Fal
                        gates="stat")
 
 
+# ... and through the custom operators falcon_lab::prep_fwd / prep_bwd (prep_ops.py: what a torch.compile'd call runs
+# with FALCON_TRITON_PREP_COMPILED=op): the eager results to the bit, and torch.library.opcheck
+CASES += [dict(c, id=c["id"] + "-compiled", compiled=True) for c in CASES if c["id"] in (
+    "F2-shift-nlms-absolute-lastk-seen3-valid", "F1-noshift-direct-scaled-lastk")]
+CASES += _window_cases("F3A-compiled", 60, [(4, True, "nlms", "scaled", True, 3, True, True)], compiled=True)
+CASES += _window_cases("F3-compiled", 70, [(4, True, "direct", "scaled", True, 3, True, True),
+                                           (2, False, "nlms", "absolute", False, 0, False, False)], delta=True,
+                       compiled=True)
+
+
 @pytest.fixture(scope="module")
 def results():
     return run_interp_cases("triton_prep_cases.py", CASES, timeout=600)
@@ -67,6 +77,9 @@ def test_fused_prep_matches_float64_as_well_as_the_torch_prep(results, case):
     res = case_result(results, case["id"])
     if case.get("gates"):
         assert res.pop("gates_forms_differ") == 0.0, "the statistic-based gate backward differs from the recomputed one"
+    if case.get("compiled"):
+        assert res.pop("opcheck_failed") == 0, "torch.library.opcheck failed on falcon_lab::prep_fwd"
+        assert res.pop("compiled_differs") == 0.0, "the custom operators' results differ from the eager Function's"
     assert set(res) >= {"x", "v", "eta", "g", "stat", "dk", "dbeta", "dlam"}
     assert ("dlast_k" in res) == case["last_k"] and ("dtail_x" in res) == bool(case.get("tail"))
     for name, e in res.items():
@@ -103,6 +116,11 @@ def test_the_triton_backend_uses_the_fused_prep_where_it_applies(monkeypatch):
     assert kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda")[0]
     assert not torch.compile(lambda: kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda")[0],
                              backend="eager", fullgraph=True)()  # traced: the PyTorch prep, fused by Inductor
+    monkeypatch.setattr(kt, "_PREP_COMPILED", "op")  # the fused kernels as custom operators (prep_ops.py)
+    ok, why = torch.compile(lambda: kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda"),
+                            backend="eager", fullgraph=True)()
+    assert ok and "custom operators" in why
+    monkeypatch.setattr(kt, "_PREP_COMPILED", "traced")
     monkeypatch.setattr(kt, "_PREP", "torch")
     ok, why = kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda")
     assert not ok and "FALCON_TRITON_PREP=torch" in why

@@ -131,9 +131,28 @@ def compile_case(c):
     ref = f(h)
     gref = torch.autograd.grad(ref.square().sum(), params)
     torch._dynamo.reset()
-    out = torch.compile(f, backend="aot_eager", fullgraph=True)(h)
+    res = {}
+    if c.get("prep_op"):  # FALCON_TRITON_PREP_COMPILED=op: the fused prep's custom operators inside the graph
+        import falcon_lab.kernels.triton as kt
+        from falcon_lab.kernels.triton import prep_ops
+
+        calls, fwd = {"prep": 0}, prep_ops._forward
+
+        def counted(*a):
+            calls["prep"] += 1
+            return fwd(*a)
+
+        prev, kt._PREP_COMPILED, prep_ops._forward = kt._PREP_COMPILED, "op", counted
+        try:
+            out = torch.compile(f, backend="aot_eager", fullgraph=True)(h)
+        finally:
+            kt._PREP_COMPILED, prep_ops._forward = prev, fwd
+        res["prep_op_calls"] = calls["prep"]
+    else:
+        out = torch.compile(f, backend="aot_eager", fullgraph=True)(h)
     g = torch.autograd.grad(out.square().sum(), params)
-    return {"max_abs_diff": max(float((a - b).abs().max()) for a, b in zip((out, *g), (ref, *gref)))}
+    res["max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip((out, *g), (ref, *gref)))
+    return res
 
 
 def recompute_case(c):

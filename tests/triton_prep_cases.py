@@ -7,6 +7,11 @@ from interp_case_helpers import run_cases  # first: checks TRITON_INTERPRET=1 be
 import torch  # noqa: E402
 
 
+class CoreTuple:
+    def __init__(self, xw, vw, eta, g, stat):
+        self.xw, self.vw, self.eta, self.g, self.stat = xw, vw, eta, g, stat
+
+
 def _rel(a, b):
     return float((a.double() - b).abs().max() / (b.abs().max() + 1e-30))
 
@@ -39,12 +44,19 @@ def prep_case(c):
     dx = torch.randn(B, T + W - 1, H, K, generator=g)
     de, dg = torch.randn(beta.shape, generator=g), torch.randn(beta.shape, generator=g)
 
-    def run(fused, dtype):
+    def call(fn, kk, vv, bb, ll, lk, tx, tv):
+        ci = fn(kk, vv, bb, ll, variant=variant, window=W, last_k=lk, tail_x=tx, tail_v=tv, **kw)
+        return ci.xw, ci.vw, ci.eta, ci.g, ci.stat
+
+    def run(fused, dtype, compiled=False):
         ins = [t.to(dtype).requires_grad_() if t is not None else None for t in (k, beta, lam, last, tail)]
         kk, bb, ll, lk, tx = ins
         tv = tail_v.to(dtype) if tail_v is not None else None
-        ci = (fused_prepare if fused else prepare)(kk, v.to(dtype), bb, ll, variant=variant, window=W, last_k=lk,
-                                                   tail_x=tx, tail_v=tv, **kw)
+        fn = (lambda *a: call(fused_prepare if fused else prepare, *a))
+        if compiled:
+            torch._dynamo.reset()
+            fn = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        ci = CoreTuple(*fn(kk, v.to(dtype), bb, ll, lk, tx, tv))
         used = [t for t in ins if t is not None]
         loss = (ci.xw * dx.to(dtype)).sum() + (ci.eta * de.to(ci.eta.dtype)).sum() + (ci.g * dg.to(ci.g.dtype)).sum()
         grads = torch.autograd.grad(loss, used, allow_unused=True)
@@ -56,6 +68,10 @@ def prep_case(c):
     ref = run(False, torch.float64)
     torch32, fused32 = run(False, torch.float32), run(True, torch.float32)
     out = {n: {"fused": _rel(fused32[n], ref[n]), "torch": _rel(torch32[n], ref[n])} for n in ref}
+    if c.get("compiled"):  # the custom operators (prep_ops.py): what a compiled call runs, against the eager Function
+        comp = run(True, torch.float32, compiled=True)
+        out["compiled_differs"] = max(float((comp[n] - fused32[n]).abs().max()) for n in ref)
+        out["opcheck_failed"] = _opcheck(k, beta, lam, last, tail, seen, valid if c["valid"] else None, W, c, kw)
     if c.get("gates"):  # FALCON_TRITON_3_PREP_GATES: its two forms must agree exactly (the default runs above too)
         import falcon_lab.kernels.triton.prep_window as pw
 
@@ -68,6 +84,20 @@ def prep_case(c):
             pw.GATES = default
         out["gates_forms_differ"] = max(float((got["stat"][n] - got["recompute"][n]).abs().max()) for n in ref)
     return out
+
+
+def _opcheck(k, beta, lam, last, tail, seen, valid, W, c, kw):
+    """torch.library.opcheck of falcon_lab::prep_fwd on the case's inputs (schema, fake tensors, the autograd
+    registration, AOT dispatch): the number of its tests that failed."""
+    from falcon_lab.kernels.triton.prep_ops import prep_fwd
+
+    cfg = [float(kw["shift"]), float(kw["step"] == "nlms"), float(kw["lam_mode"] == "scaled"), float(kw["eps"]),
+           float(kw["eps_gamma"]), float(W), float(bool(c.get("delta")))]
+    args = (k.requires_grad_(), beta.requires_grad_(), lam.requires_grad_(),
+            last.requires_grad_() if last is not None else None, tail.requires_grad_() if tail is not None else None,
+            seen, valid.to(torch.int8) if valid is not None else None, None, None, cfg)
+    res = torch.library.opcheck(prep_fwd, args)
+    return sum(v != "SUCCESS" for v in res.values())
 
 
 if __name__ == "__main__":

@@ -141,9 +141,17 @@ PROVEN_3A_PACKED_DELAYED = True  # the delayed form's packed rows (23-29) on the
 _FALCON_3 = env_choice("FALCON_TRITON_3", "gather", ("expand", "gather"),
                        "Falcon-3 (unpacked calls): pseudo-tokens read in place or expanded on the host (both proven)")
 # The op's prep for window 1 with the Triton backend: "fused" (prep.py here, one kernel each way, plain eager calls)
-# or "torch" (falcon_lab/kernels/prep.py, always used under torch.compile and for windows > 1). Ours.
+# or "torch" (falcon_lab/kernels/prep.py; under torch.compile as FALCON_TRITON_PREP_COMPILED says). Ours.
 _PREP = env_choice("FALCON_TRITON_PREP", "fused", ("fused", "torch"),
                    "the op's prep (features, gates, NLMS step): fused Triton kernels or PyTorch")
+# The prep of a call that torch.compile traces (or that runs under a dispatch mode) (ours): "traced" (the PyTorch prep,
+# fused by Inductor with the glue around it; the only way until 2026-12-05) or "op" (the fused Triton prep as the custom
+# operators falcon_lab::prep_fwd / prep_bwd, prep_ops.py: the same kernels as the eager op, opaque to the compiler).
+# Written 2026-12-05 (twenty-fourth session) for Falcon-3, whose traced prep is the window Gram and 20 squarings as
+# batched [W, W] matrix products: in the compiled model at T = 2048 Falcon-3.3 ran at 0.32x the compiled Transformer
+# where its op alone (eager, fused prep) predicted more (benchmarks/results/kernels_h200.md, model_h200_t2048.md).
+_PREP_COMPILED = env_choice("FALCON_TRITON_PREP_COMPILED", "traced", ("traced", "op"),
+                            "the prep under torch.compile: the PyTorch prep traced, or the fused kernels as custom ops")
 # Packed sequences (cu_seqlens): "native" (the chunk kernels read the packed batch: Falcon-1, -1A, -2, -2A, 3A scans)
 # or "pad" (gathered into right-padded rows [N, T_max] first, every variant). Ours.
 _VARLEN = env_choice("FALCON_TRITON_VARLEN", "native", ("native", "pad"),
@@ -229,11 +237,15 @@ def prep_check(spec: FalconSpec, *, window: int, dtype: torch.dtype, device_type
         return False, f"Falcon-3's fused prep (μ_t's squarings in the kernel) takes windows 2, 4, 8, 16, got {W}"
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False, f"the fused prep computes in fp32 at most, got {dtype}"
-    if not plain_eager():
-        return False, "torch.compile / a dispatch mode: the PyTorch prep is traced (Inductor fuses it)"
+    traced = not plain_eager()
+    if traced and _PREP_COMPILED == "traced":
+        return False, ("torch.compile / a dispatch mode: the PyTorch prep is traced (Inductor fuses it; "
+                       "FALCON_TRITON_PREP_COMPILED=op runs the fused kernels as custom operators)")
     if device_type == "cuda" and not (spec.variant in PROVEN_PREP or _unproven_enabled()):
         return False, (f"the fused prep of {spec.label} is not proven on the H200 "
                        "(FALCON_TRITON_UNPROVEN=1 runs it anyway)")
+    if traced:
+        return True, "fused prep kernels as custom operators (torch.compile / a dispatch mode; prep_ops.py)"
     return True, "fused prep kernels"
 
 

@@ -277,48 +277,45 @@ def _geometry(k, beta):
     return B, T, H, K, V, per_col, B * T * H, BK, BV, _block_rows(BK, BV)
 
 
-class _FusedPrep(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, k, beta, lam, last_k, seen, valid, cfg, seq=None, cu=None):
-        shift, nlms, scaled, eps, eps_gamma = cfg
-        packed = (seq, cu, True) if seq is not None else (k, k, False)  # packed sequences: token -> sequence, offsets
-        B, T, H, K, V, per_col, N, BK, BV, BR = _geometry(k, beta)
-        dev = k.device
-        x = _empty(k.shape, k.dtype, dev)
-        eta = _empty(beta.shape, torch.float32, dev)
-        g = _empty(beta.shape, torch.float32, dev)
-        stat = _empty((B, T, H), torch.float32, dev)
-        _prep_fwd[(cdiv(N, BR),)](
-            k, beta, lam, last_k if last_k is not None else k, valid if valid is not None else seen, seen,
-            x, eta, g, stat, N, T, eps, eps_gamma, H, K, V, BR, BK, BV, per_col, shift, last_k is not None,
-            valid is not None, nlms, scaled, *packed)
-        ctx.save_for_backward(k, beta, lam, last_k, seen, valid, seq, cu)
-        ctx.cfg = cfg
-        ctx.mark_non_differentiable(stat)
-        ctx.set_materialize_grads(False)
-        return x, eta, g, stat
+def w1_prep_forward(k, beta, lam, last_k, seen, valid, seq, cu, cfg):
+    """The forward kernel of one window-1 call: (x, eta, g, stat). cfg = (shift, nlms, scaled, eps, eps_gamma);
+    seq, cu: packed sequences (token -> sequence, offsets) or None."""
+    shift, nlms, scaled, eps, eps_gamma = cfg[:5]
+    packed = (seq, cu, True) if seq is not None else (k, k, False)
+    B, T, H, K, V, per_col, N, BK, BV, BR = _geometry(k, beta)
+    dev = k.device
+    x = _empty(k.shape, k.dtype, dev)
+    eta = _empty(beta.shape, torch.float32, dev)
+    g = _empty(beta.shape, torch.float32, dev)
+    stat = _empty((B, T, H), torch.float32, dev)
+    _prep_fwd[(cdiv(N, BR),)](
+        k, beta, lam, last_k if last_k is not None else k, valid if valid is not None else seen, seen,
+        x, eta, g, stat, N, T, eps, eps_gamma, H, K, V, BR, BK, BV, per_col, shift, last_k is not None,
+        valid is not None, nlms, scaled, *packed)
+    return x, eta, g, stat
 
-    @staticmethod
-    def backward(ctx, dx, deta, dg, _dstat):
-        k, beta, lam, last_k, seen, valid, seq, cu = ctx.saved_tensors
-        shift, nlms, scaled, eps, eps_gamma = ctx.cfg
-        packed = (seq, cu, True) if seq is not None else (k, k, False)
-        B, T, H, K, V, per_col, N, BK, BV, BR = _geometry(k, beta)
-        dev = k.device
-        dx = dx.contiguous() if dx is not None else torch.zeros_like(k)
-        deta = deta.float().contiguous() if deta is not None else torch.zeros(beta.shape, device=dev)
-        dg = dg.float().contiguous() if dg is not None else torch.zeros(beta.shape, device=dev)
-        dk = _empty(k.shape, k.dtype, dev)
-        dbeta = _empty(beta.shape, beta.dtype, dev)
-        dlam = _empty(lam.shape, lam.dtype, dev)
-        need_dlast = shift and last_k is not None and ctx.needs_input_grad[3]  # unused without the shift
-        dlast = _empty(last_k.shape, last_k.dtype, dev) if need_dlast else None
-        _prep_bwd[(cdiv(N, BR),)](
-            k, beta, lam, last_k if last_k is not None else k, valid if valid is not None else seen, seen,
-            dx, deta, dg, dk, dbeta, dlam, dlast if dlast is not None else dk, N, T, eps, eps_gamma,
-            H, K, V, BR, BK, BV, per_col, shift, last_k is not None, valid is not None, nlms, scaled, need_dlast,
-            *packed)
-        return dk, dbeta, dlam, dlast, None, None, None, None, None
+
+def w1_prep_backward(k, beta, lam, last_k, seen, valid, seq, cu, cfg, dx, deta, dg, need_dlast):
+    """(dk, dbeta, dlam, dlast) of one window-1 call (dlast None unless asked for and the key is shifted in); dx,
+    deta, dg may be None (no gradient reached them)."""
+    shift, nlms, scaled, eps, eps_gamma = cfg[:5]
+    packed = (seq, cu, True) if seq is not None else (k, k, False)
+    B, T, H, K, V, per_col, N, BK, BV, BR = _geometry(k, beta)
+    dev = k.device
+    dx = dx.contiguous() if dx is not None else torch.zeros_like(k)
+    deta = deta.float().contiguous() if deta is not None else torch.zeros(beta.shape, device=dev)
+    dg = dg.float().contiguous() if dg is not None else torch.zeros(beta.shape, device=dev)
+    dk = _empty(k.shape, k.dtype, dev)
+    dbeta = _empty(beta.shape, beta.dtype, dev)
+    dlam = _empty(lam.shape, lam.dtype, dev)
+    need_dlast = bool(need_dlast and shift and last_k is not None)  # unused without the shift
+    dlast = _empty(last_k.shape, last_k.dtype, dev) if need_dlast else None
+    _prep_bwd[(cdiv(N, BR),)](
+        k, beta, lam, last_k if last_k is not None else k, valid if valid is not None else seen, seen,
+        dx, deta, dg, dk, dbeta, dlam, dlast if dlast is not None else dk, N, T, eps, eps_gamma,
+        H, K, V, BR, BK, BV, per_col, shift, last_k is not None, valid is not None, nlms, scaled, need_dlast,
+        *packed)
+    return dk, dbeta, dlam, dlast
 
 
 def fused_prepare(k, v, beta, lam, *, variant: str, window: int, step: str, lam_mode: str, shift: bool, eps: float,
@@ -347,9 +344,11 @@ def fused_prepare(k, v, beta, lam, *, variant: str, window: int, step: str, lam_
         return fused_window_prepare(k, v, beta, lam, window=W, shift=shift, step=step, lam_mode=lam_mode, eps=eps,
                                     eps_gamma=eps_gamma, seen=seen, last_k=last_k, tail_x=tail_x, tail_v=tail_v,
                                     valid=valid, eig=variant == "3")
-    cfg = (bool(shift), step == "nlms", lam_mode == "scaled", float(eps), float(eps_gamma))
+    from .prep_ops import prep_core
+
+    cfg = (bool(shift), step == "nlms", lam_mode == "scaled", float(eps), float(eps_gamma), 1, False)
     last = last_k.to(k.dtype).contiguous() if last_k is not None else None
-    x, eta, g, stat = _FusedPrep.apply(k.contiguous(), beta.contiguous(), lam.contiguous(), last,
-                                       seen.to(device=k.device, dtype=torch.int64).contiguous(),
-                                       valid.to(torch.int8).contiguous() if valid is not None else None, cfg, seq, cu)
+    x, eta, g, stat = prep_core(k.contiguous(), beta.contiguous(), lam.contiguous(), last, None,
+                                seen.to(device=k.device, dtype=torch.int64).contiguous(),
+                                valid.to(torch.int8).contiguous() if valid is not None else None, seq, cu, cfg)
     return CoreInputs(xw=x, vw=v, eta=eta, g=g, stat=stat)

@@ -277,66 +277,68 @@ def _rows_per_program(BK: int, W: int, eig: bool) -> int:
     return max(16, min(BR, 2048 // (W * W))) if eig else BR
 
 
-class _FusedWindowPrep(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, k, beta, lam, last_k, tail_x, seen, valid, cfg):
-        shift, nlms, scaled, eps, eps_gamma, W, eig = cfg
-        B, T, H, K = k.shape
-        N = B * T * H
-        BK = _np2(K)
-        BR = _rows_per_program(BK, W, eig)
-        xw = _empty((B, T + W - 1, H, K), k.dtype, k.device)
-        eta = _empty((B, T, H), torch.float32, k.device)
-        g = _empty((B, T, H), torch.float32, k.device)
-        stat = _empty((B, T, H), torch.float32, k.device)
-        vh = _empty((B, T, H, W), torch.float32, k.device) if eig else stat
-        _win_fwd[(cdiv(N, BR),)](
-            k, beta, lam, last_k if last_k is not None else k, tail_x if tail_x is not None else k,
-            valid if valid is not None else seen, seen, xw, eta, g, stat, vh, N, T, eps, eps_gamma, H, K, W, BR, BK,
-            shift, last_k is not None, tail_x is not None, valid is not None, nlms, scaled, eig)
-        from_stat = eig and GATES == "stat"  # the gates' backward from the statistic (GATES)
-        ctx.save_for_backward(k, beta, lam, last_k, tail_x, seen, valid, vh, stat if from_stat else None)
-        ctx.cfg = cfg
-        ctx.mark_non_differentiable(stat)
-        ctx.set_materialize_grads(False)
-        return xw, eta, g, stat
+def window_prep_forward(k, beta, lam, last_k, tail_x, seen, valid, cfg):
+    """The forward kernel of one call: (xw, eta, g, stat, vh); vh the rows' unit top eigenvectors [B, T, H, W] fp32
+    for Falcon-3 (eig), else an empty tensor. cfg = (shift, nlms, scaled, eps, eps_gamma, W, eig)."""
+    shift, nlms, scaled, eps, eps_gamma, W, eig = cfg
+    B, T, H, K = k.shape
+    N = B * T * H
+    BK = _np2(K)
+    BR = _rows_per_program(BK, W, eig)
+    xw = _empty((B, T + W - 1, H, K), k.dtype, k.device)
+    eta = _empty((B, T, H), torch.float32, k.device)
+    g = _empty((B, T, H), torch.float32, k.device)
+    stat = _empty((B, T, H), torch.float32, k.device)
+    vh = _empty((B, T, H, W), torch.float32, k.device) if eig else stat.new_empty(0)
+    _win_fwd[(cdiv(N, BR),)](
+        k, beta, lam, last_k if last_k is not None else k, tail_x if tail_x is not None else k,
+        valid if valid is not None else seen, seen, xw, eta, g, stat, vh if eig else stat, N, T, eps, eps_gamma, H,
+        K, W, BR, BK, shift, last_k is not None, tail_x is not None, valid is not None, nlms, scaled, eig)
+    return xw, eta, g, stat, vh
 
-    @staticmethod
-    def backward(ctx, dxw, deta, dg, _dstat):
-        k, beta, lam, last_k, tail_x, seen, valid, vh, stat = ctx.saved_tensors
-        shift, nlms, scaled, eps, eps_gamma, W, eig = ctx.cfg
-        B, T, H, K = k.shape
-        N = B * T * H
-        BK = _np2(K)
-        BR = _rows_per_program(BK, W, eig)
-        dev = k.device
-        dxw = dxw.contiguous() if dxw is not None else torch.zeros((B, T + W - 1, H, K), dtype=k.dtype, device=dev)
-        deta = deta.float().contiguous() if deta is not None else torch.zeros(beta.shape, device=dev)
-        dg = dg.float().contiguous() if dg is not None else torch.zeros(beta.shape, device=dev)
-        dbeta = _empty(beta.shape, beta.dtype, dev)
-        dlam = _empty(lam.shape, lam.dtype, dev)
-        qs = _empty((B, T, H), torch.float32, dev)
-        lk = last_k if last_k is not None else k
-        tx = tail_x if tail_x is not None else k
-        vl = valid if valid is not None else seen
-        grid = (cdiv(N, BR),)
-        if stat is not None:
-            BS = 256
-            _win_bwd_gates_stat[(cdiv(N, BS),)](stat, beta, lam, vl, seen, deta, dg, dbeta, dlam, qs, N, T, eps,
-                                                eps_gamma, H, W, BS, shift, valid is not None, nlms, scaled)
-        else:
-            _win_bwd_gates[grid](k, beta, lam, lk, tx, vl, seen, deta, dg, dbeta, dlam, qs, N, T, eps, eps_gamma, H, K,
-                                 W, BR, BK, shift, last_k is not None, tail_x is not None, valid is not None, nlms,
-                                 scaled, eig)
-        dk = _empty(k.shape, k.dtype, dev)
-        need_dlast = shift and last_k is not None and ctx.needs_input_grad[3]
-        need_dtail = tail_x is not None and ctx.needs_input_grad[4]
-        dlast = _empty(last_k.shape, last_k.dtype, dev) if need_dlast else None
-        dtail = _empty(tail_x.shape, tail_x.dtype, dev) if need_dtail else None
-        _win_bwd_keys[grid](k, lk, tx, seen, dxw, qs, vh, dk, dlast if dlast is not None else dk,
-                            dtail if dtail is not None else dk, N, T, H, K, W, BR, BK, shift, last_k is not None,
-                            tail_x is not None, need_dlast, need_dtail, eig)
-        return dk, dbeta, dlam, dlast, dtail, None, None, None
+
+def keeps_stat(cfg) -> bool:
+    """Whether the backward reads the forward's statistic (Falcon-3 with GATES = "stat")."""
+    return bool(cfg[6]) and GATES == "stat"
+
+
+def window_prep_backward(k, beta, lam, last_k, tail_x, seen, valid, vh, stat, cfg, dxw, deta, dg, need_dlast,
+                         need_dtail):
+    """(dk, dbeta, dlam, dlast, dtail) of one call (dlast / dtail None unless asked for); dxw, deta, dg may be None
+    (no gradient reached them); stat is read only where keeps_stat(cfg)."""
+    shift, nlms, scaled, eps, eps_gamma, W, eig = cfg
+    B, T, H, K = k.shape
+    N = B * T * H
+    BK = _np2(K)
+    BR = _rows_per_program(BK, W, eig)
+    dev = k.device
+    dxw = dxw.contiguous() if dxw is not None else torch.zeros((B, T + W - 1, H, K), dtype=k.dtype, device=dev)
+    deta = deta.float().contiguous() if deta is not None else torch.zeros(beta.shape, device=dev)
+    dg = dg.float().contiguous() if dg is not None else torch.zeros(beta.shape, device=dev)
+    dbeta = _empty(beta.shape, beta.dtype, dev)
+    dlam = _empty(lam.shape, lam.dtype, dev)
+    qs = _empty((B, T, H), torch.float32, dev)
+    lk = last_k if last_k is not None else k
+    tx = tail_x if tail_x is not None else k
+    vl = valid if valid is not None else seen
+    grid = (cdiv(N, BR),)
+    if keeps_stat(cfg):
+        BS = 256
+        _win_bwd_gates_stat[(cdiv(N, BS),)](stat, beta, lam, vl, seen, deta, dg, dbeta, dlam, qs, N, T, eps,
+                                            eps_gamma, H, W, BS, shift, valid is not None, nlms, scaled)
+    else:
+        _win_bwd_gates[grid](k, beta, lam, lk, tx, vl, seen, deta, dg, dbeta, dlam, qs, N, T, eps, eps_gamma, H, K,
+                             W, BR, BK, shift, last_k is not None, tail_x is not None, valid is not None, nlms,
+                             scaled, eig)
+    dk = _empty(k.shape, k.dtype, dev)
+    need_dlast = bool(need_dlast and shift and last_k is not None)
+    need_dtail = bool(need_dtail and tail_x is not None)
+    dlast = _empty(last_k.shape, last_k.dtype, dev) if need_dlast else None
+    dtail = _empty(tail_x.shape, tail_x.dtype, dev) if need_dtail else None
+    _win_bwd_keys[grid](k, lk, tx, seen, dxw, qs, vh if eig else qs, dk, dlast if dlast is not None else dk,
+                        dtail if dtail is not None else dk, N, T, H, K, W, BR, BK, shift, last_k is not None,
+                        tail_x is not None, need_dlast, need_dtail, eig)
+    return dk, dbeta, dlam, dlast, dtail
 
 
 def fused_window_prepare(k, v, beta, lam, *, window: int, shift: bool, step: str, lam_mode: str, eps: float,
@@ -352,11 +354,13 @@ def fused_window_prepare(k, v, beta, lam, *, window: int, shift: bool, step: str
         raise ValueError(f"the fused Falcon-3 prep takes windows 2, 4, 8, 16, got {W}")
     B, T, H, _ = k.shape
     cfg = (bool(shift), step == "nlms", lam_mode == "scaled", float(eps), float(eps_gamma), W, bool(eig))
-    xw, eta, g, stat = _FusedWindowPrep.apply(
+    from .prep_ops import prep_core
+
+    xw, eta, g, stat = prep_core(
         k.contiguous(), beta.contiguous(), lam.contiguous(),
         last_k.to(k.dtype).contiguous() if last_k is not None else None,
         tail_x.to(k.dtype).contiguous() if tail_x is not None else None,
         seen.to(device=k.device, dtype=torch.int64).contiguous(),
-        valid.to(torch.int8).contiguous() if valid is not None else None, cfg)
+        valid.to(torch.int8).contiguous() if valid is not None else None, None, None, cfg)
     tv = tail_v.to(v.dtype) if tail_v is not None else v.new_zeros(B, W - 1, H, v.shape[-1])
     return CoreInputs(xw=xw, vw=torch.cat([tv, v], dim=1), eta=eta, g=g, stat=stat)
