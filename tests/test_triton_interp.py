@@ -395,9 +395,9 @@ COMPILE = [dict(id=f"compile-fullgraph-F{v}", compile=True, variant=v, seed=23, 
            for v in ("1", "1A", "2A", "3A")]
 # Falcon-2 with the forward's block inverses kept for the backward: the custom operator's fake saved shapes
 COMPILE.append(dict(id="compile-fullgraph-F2-invkeep", compile=True, variant="2", seed=24, inv_keep="save"))
-# the fused prep as custom operators under compile (FALCON_TRITON_PREP_COMPILED=op, prep_ops.py): window 1 and Falcon-3
-COMPILE += [dict(id=f"compile-fullgraph-prep-op-F{v}", compile=True, variant=v, seed=25, prep_op=True)
-            for v in ("1", "3")]
+# Falcon-3's block with its fused prep as custom operators (prep_ops.py; the default under compile since 2026-12-05;
+# window 1's operators are checked in tests/test_triton_prep.py)
+COMPILE.append(dict(id="compile-fullgraph-prep-op-F3", compile=True, variant="3", seed=25, prep_op=True))
 RECOMPUTE = [dict(id=f"recompute-F{v}", recompute=True, variant=v, seed=29) for v in ("1A", "2A")]
 API = [dict(id=f"api-varlen-continuation-F{v}", api=True, variant=v, dtype="float32", seed=21, scans=v == "3A")
        for v in ("1", "1A", "3A", "3", "2A", "2")]
@@ -733,6 +733,9 @@ SWITCHES = [
     (KT + "host", "UNPROVEN", "FALCON_TRITON_UNPROVEN", None, "yes",
      "FALCON_TRITON_UNPROVEN must be '0' or '1', got 'yes'"),
     (KT[:-1], "_TF32", "FALCON_TRITON_TF32", None, "on", "FALCON_TRITON_TF32 must be '0' or '1', got 'on'"),
+    # the prep under torch.compile: Falcon-3's as custom operators (prep_ops.py), the others traced
+    (KT[:-1], "_PREP_COMPILED", "FALCON_TRITON_PREP_COMPILED", "auto", "ops",
+     "FALCON_TRITON_PREP_COMPILED must be 'auto', 'traced' or 'op', got 'ops'"),
     # Falcon-2's forward state pass by sub-blocks; =rows the row substitution, =blocked both passes by blocks
     (KT + "percol_delta", "SOLVE", "FALCON_TRITON_2_SOLVE", "blocked_inv", "block",
      "FALCON_TRITON_2_SOLVE must be 'rows', 'fwd', 'blocked', 'inv', 'blocked_inv' or 'fused_inv', got 'block'"),

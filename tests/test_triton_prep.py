@@ -116,11 +116,18 @@ def test_the_triton_backend_uses_the_fused_prep_where_it_applies(monkeypatch):
     assert kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda")[0]
     assert not torch.compile(lambda: kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda")[0],
                              backend="eager", fullgraph=True)()  # traced: the PyTorch prep, fused by Inductor
-    monkeypatch.setattr(kt, "_PREP_COMPILED", "op")  # the fused kernels as custom operators (prep_ops.py)
+    # by default (FALCON_TRITON_PREP_COMPILED=auto) Falcon-3's prep runs as the custom operators (prep_ops.py) there
+    monkeypatch.setattr(kt, "PROVEN_PREP", {"1", "3"})
+    ok, why = torch.compile(lambda: kt.prep_check(s3, window=4, dtype=torch.bfloat16, device_type="cuda"),
+                            backend="eager", fullgraph=True)()
+    assert ok and "custom operators" in why
+    monkeypatch.setattr(kt, "_PREP_COMPILED", "op")  # every variant's
     ok, why = torch.compile(lambda: kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda"),
                             backend="eager", fullgraph=True)()
     assert ok and "custom operators" in why
-    monkeypatch.setattr(kt, "_PREP_COMPILED", "traced")
+    monkeypatch.setattr(kt, "_PREP_COMPILED", "traced")  # none
+    assert not torch.compile(lambda: kt.prep_check(s3, window=4, dtype=torch.bfloat16, device_type="cuda")[0],
+                             backend="eager", fullgraph=True)()
     monkeypatch.setattr(kt, "_PREP", "torch")
     ok, why = kt.prep_check(s1, window=1, dtype=torch.bfloat16, device_type="cuda")
     assert not ok and "FALCON_TRITON_PREP=torch" in why

@@ -145,13 +145,18 @@ _FALCON_3 = env_choice("FALCON_TRITON_3", "gather", ("expand", "gather"),
 _PREP = env_choice("FALCON_TRITON_PREP", "fused", ("fused", "torch"),
                    "the op's prep (features, gates, NLMS step): fused Triton kernels or PyTorch")
 # The prep of a call that torch.compile traces (or that runs under a dispatch mode) (ours): "traced" (the PyTorch prep,
-# fused by Inductor with the glue around it; the only way until 2026-12-05) or "op" (the fused Triton prep as the custom
-# operators falcon_lab::prep_fwd / prep_bwd, prep_ops.py: the same kernels as the eager op, opaque to the compiler).
-# Written 2026-12-05 (twenty-fourth session) for Falcon-3, whose traced prep is the window Gram and 20 squarings as
-# batched [W, W] matrix products: in the compiled model at T = 2048 Falcon-3.3 ran at 0.32x the compiled Transformer
-# where its op alone (eager, fused prep) predicted more (benchmarks/results/kernels_h200.md, model_h200_t2048.md).
-_PREP_COMPILED = env_choice("FALCON_TRITON_PREP_COMPILED", "traced", ("traced", "op"),
-                            "the prep under torch.compile: the PyTorch prep traced, or the fused kernels as custom ops")
+# fused by Inductor with the glue around it; the only way until 2026-12-05), "op" (the fused Triton prep as the custom
+# operators falcon_lab::prep_fwd / prep_bwd, prep_ops.py: the same kernels as the eager op, opaque to the compiler) or
+# "auto" (the default: "op" for Falcon-3, "traced" for the others). Falcon-3's traced prep is the window Gram and 20
+# squarings of [W, W] matrices as batched cuBLAS products. On the H200 (2026-12-05, twenty-fourth session, 197829d,
+# benchmarks/results/h200_logs/kernels_2026-12-05b/call1/: the small model compiled, T = 2048, B = 16, one process
+# per form) "op" took Falcon-3.3 from 158.7k to 253.0k tokens/s (0.32x -> 0.51x the compiled Transformer's 500.8k;
+# one step's CUDA time 207.0 -> 125.3 ms, of which 80.4 ms had been 756 cuBLAS gemmSN_NN calls) for +0.6 GiB peak,
+# while Falcon-1.3 358.0k vs 355.8k (same), Falcon-2A.3 230.4k vs 235.7k and Falcon-3A.3 347.8k vs 365.8k were
+# faster traced: Inductor fuses their elementwise preps into the glue.
+_PREP_COMPILED = env_choice("FALCON_TRITON_PREP_COMPILED", "auto", ("auto", "traced", "op"),
+                            "the prep under torch.compile: the PyTorch prep traced, the fused kernels as custom "
+                            "operators, or auto (custom operators for Falcon-3 only)")
 # Packed sequences (cu_seqlens): "native" (the chunk kernels read the packed batch: Falcon-1, -1A, -2, -2A, 3A scans)
 # or "pad" (gathered into right-padded rows [N, T_max] first, every variant). Ours.
 _VARLEN = env_choice("FALCON_TRITON_VARLEN", "native", ("native", "pad"),
@@ -238,9 +243,10 @@ def prep_check(spec: FalconSpec, *, window: int, dtype: torch.dtype, device_type
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False, f"the fused prep computes in fp32 at most, got {dtype}"
     traced = not plain_eager()
-    if traced and _PREP_COMPILED == "traced":
-        return False, ("torch.compile / a dispatch mode: the PyTorch prep is traced (Inductor fuses it; "
-                       "FALCON_TRITON_PREP_COMPILED=op runs the fused kernels as custom operators)")
+    as_op = _PREP_COMPILED == "op" or (_PREP_COMPILED == "auto" and spec.delta and W != 1)
+    if traced and not as_op:
+        return False, (f"torch.compile / a dispatch mode: the PyTorch prep is traced (Inductor fuses it; "
+                       f"FALCON_TRITON_PREP_COMPILED={_PREP_COMPILED}; =op runs the fused kernels as custom operators)")
     if device_type == "cuda" and not (spec.variant in PROVEN_PREP or _unproven_enabled()):
         return False, (f"the fused prep of {spec.label} is not proven on the H200 "
                        "(FALCON_TRITON_UNPROVEN=1 runs it anyway)")
