@@ -176,6 +176,17 @@ DSPLIT = [("F1-after-L1", dict(T=64, dsplit=1)),
           ("F3-W4-T17-unsplit", dict(W=4, T=17, B=1, dsplit=1, dsplit_none=True)),
           ("F1A-unsplit", dict(delta=False, T=64, dsplit=1, dsplit_none=True))]
 CASES += [_c(f"dsplit-{n}", seed=300 + i, **kw) for i, (n, kw) in enumerate(DSPLIT)]
+# Falcon-3 in place with the step-only terms on the chunk's steps (step_rows="on": FALCON_TRITON_3_STEP_ROWS=on, ours,
+# opt-in and unproven; chunk.py _srows): W = 4 at C = 64 over a short last chunk, W = 2 at C = 32 read before with
+# fp16, strong decay and dlog γ folded into _bwd_dqdx (GATE_FOLD), masked key and value tiles (K = 48, V = 80) with
+# the delta split's piece view; `srows_off` 0 when every call ran them; W = 4 at C = 32 (8 steps a chunk, below a
+# dot's side) must keep the pseudo-token rows (`srows_on` 0)
+SROWS = [("F3-W4-C64", dict(W=4, C=64, T=40, B=1, H=2, K=32, V=16)),
+         ("F3-W2-before-C32-fp16-strong-gatefold", dict(W=2, after=False, C=32, T=45, B=1, K=16, V=16,
+                                                          dtype="float16", strong=True, gate_fold="on")),
+         ("F3-W4-C64-K48-V80-dsplit", dict(W=4, C=64, T=32, B=2, H=1, K=48, V=80, dsplit=1)),
+         ("F3-W4-C32-unapplied", dict(W=4, C=32, T=12, B=1, K=16, V=16, srows_none=True))]
+CASES += [_c(f"srows-{n}", step_rows="on", seed=340 + i, **kw) for i, (n, kw) in enumerate(SROWS)]
 # Falcon-3 in place in time segments, the forward recomputed in the backward (lean=S: FALCON_TRITON_3_LEAN=on with S
 # segments, ours, opt-in and unproven; lean.py): both read orders, a short last segment, no S0 / dS_T, fp16, masked
 # key and value tiles, with the delta split inside the segments; `lean_off` 0 when the forward and backward both ran

@@ -224,6 +224,13 @@ if __name__ == "__main__":
     default_du_dtype = kchunk.DU_DTYPE
     default_gate_fold = kchunk.GATE_FOLD
     default_dq_sum = kchunk.DQ_SUM
+    default_step_rows, srows_of, seen_sr = kchunk.STEP_ROWS, kchunk.step_rows, []
+
+    def seen_srows(*a):  # whether each chunk.py call ran the step rows (SROWS), for the step_rows cases
+        out = srows_of(*a)
+        seen_sr.append(out)
+        return out
+    kchunk.step_rows = seen_srows
     default_state_dtype = kchunk.STATE_DTYPE
     default_intra = kpercol.INTRA
     default_fwd_grid = kpercol.FWD_GRID
@@ -309,6 +316,7 @@ if __name__ == "__main__":
         kchunk.DU_DTYPE = c.get("du_dtype", default_du_dtype)  # what FALCON_TRITON_DU_DTYPE sets
         kchunk.GATE_FOLD = c.get("gate_fold", default_gate_fold)  # what FALCON_TRITON_GATE_FOLD sets
         kchunk.DQ_SUM = c.get("dq_sum", default_dq_sum)  # what FALCON_TRITON_3_DQ_SUM sets
+        kchunk.STEP_ROWS = c.get("step_rows", default_step_rows)  # what FALCON_TRITON_3_STEP_ROWS sets
         kchunk.STATE_DTYPE = c.get("state_dtype", default_state_dtype)  # what FALCON_TRITON_STATE_DTYPE sets
         kwl.WL_BWD_BV = c.get("wl_bwd_bv", default_wl_bwd_bv)  # what FALCON_TRITON_3A_BWD_BV sets
         kwl.WL_WEIGHTS = c.get("wl_weights", default_wl_weights)  # what FALCON_TRITON_3A_WEIGHTS sets
@@ -322,6 +330,7 @@ if __name__ == "__main__":
         klean.LEAN = "on" if c.get("lean") else default_lean
         klean.LEAN_SEGMENTS = c.get("lean", default_lean_segments)
         seen_nkb.clear()
+        seen_sr.clear()
         seen_np.clear()
         seen_dp.clear()
         seen_lean.clear()
@@ -386,6 +395,10 @@ if __name__ == "__main__":
                 res["dsplit_on"] = float(any(n > 0 for n in seen_dp))
             elif c.get("dsplit"):  # every delta-rule call ran in pieces (0 when each did, forward and backward)
                 res["dsplit_off"] = float(not seen_dp or min(seen_dp) < 2)
+            if c.get("srows_none"):  # calls that must keep every pseudo-token row: 0 when none ran SROWS
+                res["srows_on"] = float(any(seen_sr))
+            elif c.get("step_rows") == "on":  # every call ran on the step rows (0 when each did)
+                res["srows_off"] = float(not seen_sr or not all(seen_sr))
             if c.get("ksplit_none"):  # a delta rule's state passes: none split (0 when none did)
                 res["ksplit_on"] = float(any(n > 1 for n in seen_nkb))
             elif c.get("ksplit"):  # every linear state pass split its keys (0 when each did, forward and backward)

@@ -12,6 +12,8 @@
 # call4: the dU dtype and gate fold checks (Falcon-1, -1A, -3), Falcon-3's lean form's (ln*) and its prep's gates from
 #        the statistic (gs1: the fused-prep rows 23-29), then their A/Bs (the lean form's: time and peak, against
 #        Falcon-1 in the same process).
+# srows: Falcon-3's step rows (chunk.py STEP_ROWS, twenty-fourth session): its check sweep in two halves (sr1, sr2),
+#        then the A/B against the pseudo-token rows (Falcon-1 in the same process as the ratio's base).
 # Each sets STEPS, XCHECKS, ABS, AB_REPS (exported); the set-up (device_env.sh, the mlflow folders moved aside) is the
 # caller's.
 
@@ -55,8 +57,13 @@ case "${1:-}" in
     ABS="$ABS;lean|lean.LEAN=off,on|falcon-1,falcon-3||"
     export ABS="$ABS;gates3|prep_window.GATES=recompute,stat|falcon-3||_win_bwd_gates"
     ;;
+  srows)  # twenty-fourth session: Falcon-3's step rows (FALCON_TRITON_3_STEP_ROWS=on): its sweep, then its A/B
+    export STEPS="" AB_REPS=2
+    export XCHECKS="$(_halves sr "FALCON_TRITON_3_STEP_ROWS=on $_u" 3)"
+    export ABS="srows|chunk.STEP_ROWS=off,on|falcon-1,falcon-3||_fwd_out|_bwd_dul|_bwd_cc|_bwd_dqdx"
+    ;;
   *)
-    echo "usage: . experiments/h200/next_calls.sh call1|call2|call4" >&2
+    echo "usage: . experiments/h200/next_calls.sh call1|call2|call4|srows" >&2
     return 2 2>/dev/null || exit 2
     ;;
 esac

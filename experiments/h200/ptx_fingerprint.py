@@ -207,6 +207,23 @@ def _record(tree: str, quick: bool):
     return records
 
 
+def _prep_apply(module, *args):
+    """A fused prep's forward on `module`'s autograd.Function (prep._FusedPrep: k, beta, lam, last_k, seen, valid, cfg[,
+    seq, cu]; prep_window._FusedWindowPrep: k, beta, lam, last_k, tail_x, seen, valid, cfg) or, in a tree since
+    2026-12-05, the same arguments through prep_ops.prep_core (cfg padded to its seven fields)."""
+    for name in ("_FusedPrep", "_FusedWindowPrep"):
+        if hasattr(module, name):
+            return getattr(module, name).apply(*args)
+    from falcon_lab.kernels.triton.prep_ops import prep_core
+
+    if module.__name__.endswith("prep_window"):
+        k, beta, lam, lk, tx, seen, valid, cfg = args
+        return prep_core(k, beta, lam, lk, tx, seen, valid, None, None, cfg)
+    k, beta, lam, lk, seen, valid, cfg, *packed = args
+    seq, cu = packed if packed else (None, None)
+    return prep_core(k, beta, lam, lk, None, seen, valid, seq, cu, tuple(cfg) + (1, False))
+
+
 def _record_prep(records, label, dts, quick):
     import torch
 
@@ -236,7 +253,7 @@ def _record_prep(records, label, dts, quick):
                 base = f"prep[per_col={per_col},shift={shift},nlms={nlms},scaled={scaled},last={last}," \
                        f"valid={valid}] {dn}"
                 label[0] = base
-                x, eta, g, stat = prep._FusedPrep.apply(k, beta, lam, lk, seen, vmask, cfg)
+                x, eta, g, stat = _prep_apply(prep, k, beta, lam, lk, seen, vmask, cfg)
                 torch.autograd.grad((x.float().sum() + eta.float().sum() + g.float().sum()),
                                     [t for t in (k, beta, lam, lk) if t is not None], allow_unused=True)
                 if packed:  # two packed sequences of 37 and 63 tokens (since 2026-12-02)
@@ -244,8 +261,8 @@ def _record_prep(records, label, dts, quick):
                     seq = torch.tensor([0] * 37 + [1] * (T - 37), dtype=torch.int32)
                     cu = torch.tensor([0, 37, T], dtype=torch.int32)
                     label[0] = base.replace("prep[", "prep-packed[")
-                    x, eta, g, stat = prep._FusedPrep.apply(k, beta, lam, lk2, torch.ones(2, dtype=torch.int64), None,
-                                                            cfg, seq, cu)
+                    x, eta, g, stat = _prep_apply(prep, k, beta, lam, lk2, torch.ones(2, dtype=torch.int64), None,
+                                                  cfg, seq, cu)
                     torch.autograd.grad((x.float().sum() + eta.float().sum() + g.float().sum()),
                                         [t for t in (k, beta, lam, lk2) if t is not None], allow_unused=True)
                 if has_window and not per_col:
@@ -256,15 +273,14 @@ def _record_prep(records, label, dts, quick):
                     for eig in ((False, True) if eig_flag else (None,)):
                         label[0] = base.replace("prep[", "prep_window[W=4," + ("eig," if eig else ""))
                         wcfg = cfg + ((W,) if eig is None else (W, eig))
-                        xw, eta, g, stat = prep_window._FusedWindowPrep.apply(k, beta, lam, lk, tx, seen, vmask, wcfg)
+                        xw, eta, g, stat = _prep_apply(prep_window, k, beta, lam, lk, tx, seen, vmask, wcfg)
                         torch.autograd.grad((xw.float().sum() + eta.float().sum() + g.float().sum()),
                                             [t for t in (k, beta, lam, lk, tx) if t is not None], allow_unused=True)
                         if eig and hasattr(prep_window, "GATES"):  # the gates from the statistic (since 2026-12-05)
                             gates_default = prep_window.GATES
                             prep_window.GATES = "recompute" if gates_default == "stat" else "stat"
                             label[0] += f" gates={prep_window.GATES}"
-                            xw, eta, g, stat = prep_window._FusedWindowPrep.apply(k, beta, lam, lk, tx, seen, vmask,
-                                                                                  wcfg)
+                            xw, eta, g, stat = _prep_apply(prep_window, k, beta, lam, lk, tx, seen, vmask, wcfg)
                             torch.autograd.grad((xw.float().sum() + eta.float().sum() + g.float().sum()),
                                                 [t for t in (k, beta, lam, lk, tx) if t is not None],
                                                 allow_unused=True)

@@ -40,7 +40,7 @@ import triton.language as tl
 from .common import (POISON, _cfg, _chunk_rows, _empty, _np2, _prec, _stages, _state_init,  # noqa: F401
                      _state_put, _state_tile, _state_tile_k, _varlen_chunk, _varlen_seq, cdiv, launch,
                      linear_state_tiles, state_bv, state_opts, varlen_args)
-from .host import env_choice
+from .host import env_choice, refuse_unproven
 from .pair_sum import pair_sum
 from .state_split import bwd_state_split, fwd_state_split, split_pieces
 
@@ -113,6 +113,28 @@ A_INV = env_choice("FALCON_TRITON_A_INV", "prod", ("subst", "prod"),
 # 2170.6 MB as op_memory.py predicted: the default since then.
 DU_DTYPE = env_choice("FALCON_TRITON_DU_DTYPE", "input", ("fp32", "input"),
                       "Falcon-1/-1A/-3: the backward's dU buffer in fp32 or the inputs' dtype (both proven)")
+
+
+# Falcon-3 in place: the step-only terms on the chunk's steps (ours): "off" (every term over the C pseudo-token rows
+# of a chunk; proven, the default) or "on" (SROWS: _fwd_out's read-out, _bwd_dul's Pᵀ dO, _bwd_cc's DOU = dO Uᵀ and
+# M, and _bwd_dqdx's dO Sᵀ, M x and Mᵀ q on the chunk's C / W step rows: q and dO are the same on a step's W
+# pseudo-tokens, and dO, O live on the first one only, so W - 1 of every W rows of those products were copies or
+# zeros; M is stored per step, [B, T, H, C] instead of [B, T·W, H, C]). Where C / W >= 16 (a dot's smallest side;
+# W = 4 at C = 64, the default) and dq is summed in the kernel (DQ_SUM). Written 2026-12-05 (twenty-fourth session)
+# after the compiled small model's profile put _bwd_dqdx (1.20 ms), _bwd_cc (0.65), _fwd_out (0.28) and _bwd_dul
+# (0.18) at 2.3 of Falcon-3's 4.7 ms per layer at (16, 2048, 6, 128) (kernels_2026-12-05b/call1/model_op.log).
+# Interpreter-tested; on CUDA only with FALCON_TRITON_UNPROVEN=1 until proven on the H200.
+STEP_ROWS = env_choice("FALCON_TRITON_3_STEP_ROWS", "off", ("off", "on"),
+                       "Falcon-3 in place: the read-out, dU, M and dq terms on the chunk's steps or on every "
+                       "pseudo-token row (off proven)")
+
+
+def step_rows(gather: bool, C: int, group: int, device) -> bool:
+    """Whether a call's kernels run SROWS (STEP_ROWS): Falcon-3 in place, C // W >= 16, dq summed in the kernel."""
+    if not (gather and STEP_ROWS == "on" and C // group >= 16 and DQ_SUM == "kernel"):
+        return False
+    refuse_unproven(device, "FALCON_TRITON_3_STEP_ROWS=on", "off")
+    return True
 
 
 def du_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -450,10 +472,45 @@ def _fwd_state(X, VV, ETA, G, WT, VT, S0, HS, R, ST, T, XT, XOFF, NT, H: tl.cons
 
 
 @triton.jit
+def _srows(b, h, n, T, H: tl.constexpr, C: tl.constexpr, W: tl.constexpr):
+    """SROWS (Falcon-3 in place with C // W >= 16, STEP_ROWS; ours): chunk n's C // W steps as rows of their own. q and
+    dO of a step are the same on its W pseudo-tokens and dO, O live on the first only, so the read-out, dU's intra
+    part, M and dq are formed on these rows instead of the C pseudo-token rows of which W - 1 in W are zero or copies.
+    Returns (j: the chunk's step index, the step rows' offsets (b·T/W + step)·H + h in the step streams, their mask);
+    T counts pseudo-tokens."""
+    NSC: tl.constexpr = C // W
+    j = tl.arange(0, NSC)
+    st = n * NSC + j
+    return j, (b * (T // W) + st).to(tl.int64) * H + h, st < T // W
+
+
+@triton.jit
+def _at_steps(z, C: tl.constexpr, W: tl.constexpr):
+    """[C] per pseudo-token -> [C // W]: each step's first pseudo-token's value, exactly."""
+    z2 = tl.reshape(z, [C // W, W])
+    return tl.sum(tl.where((tl.arange(0, W) == 0)[None, :], z2, 0.), 1)
+
+
+@triton.jit
+def _from_steps(zs, C: tl.constexpr, W: tl.constexpr):
+    """[C // W] per step -> [C] per pseudo-token: at each step's first pseudo-token, zero at the others."""
+    return tl.reshape(tl.where((tl.arange(0, W) == 0)[None, :], zs[:, None], 0.), [C])
+
+
+@triton.jit
+def _step_mask(j, i, W: tl.constexpr, READ_AFTER: tl.constexpr):
+    """[C // W, C]: which pseudo-tokens step j's read sees (its own step's with READ_AFTER, the earlier steps')."""
+    if READ_AFTER:
+        return j[:, None] >= (i // W)[None, :]
+    else:
+        return j[:, None] > (i // W)[None, :]
+
+
+@triton.jit
 def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
              C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DELTA: tl.constexpr,
              READ_AFTER: tl.constexpr, PREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX,
-             COFF, VARLEN: tl.constexpr):
+             COFF, VARLEN: tl.constexpr, SROWS: tl.constexpr = False):
     vb = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
@@ -478,33 +535,60 @@ def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl
     vmask = cv < V
     km = rmask[:, None] & kmask[None, :]
     vm = rmask[:, None] & vmask[None, :]
-    q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
-    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
-    dt = q.dtype
-    eta = tl.load(ETA + stok, mask=rmask, other=0.).to(tl.float32)
-    g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
-    u = tl.cumsum(g, 0)
-    if READ_AFTER:
-        ur = u
-        causal = (i // GROUP)[:, None] >= (i // GROUP)[None, :]
+    if SROWS:  # the read-out on the chunk's steps only (_srows)
+        x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+        dt = Q.dtype.element_ty
+        eta = tl.load(ETA + stok, mask=rmask, other=0.).to(tl.float32)
+        g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
+        u = tl.cumsum(g, 0)
+        if READ_AFTER:
+            ur = u
+        else:
+            ur = u - _gfirst(g, i, GROUP)
+        j, srow, smk = _srows(b, h, n, T, H, C, GROUP)
+        qs = tl.load(Q + srow[:, None] * K + ck[None, :], mask=smk[:, None] & kmask[None, :], other=0.)
+        urs = _at_steps(ur, C, GROUP)
+        qx = tl.dot(qs, tl.trans(x), input_precision=PREC)
+        P = tl.where(_step_mask(j, i, GROUP, READ_AFTER), qx * tl.exp(tl.minimum(urs[:, None] - u[None, :], 0.)), 0.)
+        S = tl.load(HS + (bh.to(tl.int64) * NT + n) * K * V + ck[:, None] * V + cv[None, :],
+                    mask=kmask[:, None] & vmask[None, :], other=0.)
+        if DELTA:
+            r = tl.load(R + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        else:
+            r = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        U = (r * eta[:, None]).to(dt)
+        o = tl.dot(qs, S.to(dt), input_precision=PREC) * tl.exp(urs)[:, None]
+        o += tl.dot(P.to(dt), U, input_precision=PREC)
+        tl.store(O + srow[:, None] * V + cv[None, :], o.to(O.dtype.element_ty), mask=smk[:, None] & vmask[None, :])
     else:
-        ur = u - _gfirst(g, i, GROUP)
-        causal = (i // GROUP)[:, None] > (i // GROUP)[None, :]
-    qx = tl.dot(q, tl.trans(x), input_precision=PREC)
-    P = tl.where(causal, qx * tl.exp(tl.minimum(ur[:, None] - u[None, :], 0.)), 0.)
-    S = tl.load(HS + (bh.to(tl.int64) * NT + n) * K * V + ck[:, None] * V + cv[None, :],
-                mask=kmask[:, None] & vmask[None, :], other=0.)
-    if DELTA:
-        r = tl.load(R + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
-    else:
-        r = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
-    U = (r * eta[:, None]).to(dt)
-    o = tl.dot(q, S.to(dt), input_precision=PREC) * tl.exp(ur)[:, None]
-    o += tl.dot(P.to(dt), U, input_precision=PREC)
-    if GATHER:  # the step's output is its first pseudo-token's
-        tl.store(O + stok[:, None] * V + cv[None, :], o.to(O.dtype.element_ty), mask=gmask[:, None] & vmask[None, :])
-    else:
-        tl.store(O + tok[:, None] * V + cv[None, :], o.to(O.dtype.element_ty), mask=vm)
+        q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
+        x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+        dt = q.dtype
+        eta = tl.load(ETA + stok, mask=rmask, other=0.).to(tl.float32)
+        g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
+        u = tl.cumsum(g, 0)
+        if READ_AFTER:
+            ur = u
+            causal = (i // GROUP)[:, None] >= (i // GROUP)[None, :]
+        else:
+            ur = u - _gfirst(g, i, GROUP)
+            causal = (i // GROUP)[:, None] > (i // GROUP)[None, :]
+        qx = tl.dot(q, tl.trans(x), input_precision=PREC)
+        P = tl.where(causal, qx * tl.exp(tl.minimum(ur[:, None] - u[None, :], 0.)), 0.)
+        S = tl.load(HS + (bh.to(tl.int64) * NT + n) * K * V + ck[:, None] * V + cv[None, :],
+                    mask=kmask[:, None] & vmask[None, :], other=0.)
+        if DELTA:
+            r = tl.load(R + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        else:
+            r = tl.load(VV + xtok[:, None] * V + cv[None, :], mask=vm, other=0.).to(tl.float32)
+        U = (r * eta[:, None]).to(dt)
+        o = tl.dot(q, S.to(dt), input_precision=PREC) * tl.exp(ur)[:, None]
+        o += tl.dot(P.to(dt), U, input_precision=PREC)
+        if GATHER:  # the step's output is its first pseudo-token's
+            tl.store(O + stok[:, None] * V + cv[None, :], o.to(O.dtype.element_ty),
+                     mask=gmask[:, None] & vmask[None, :])
+        else:
+            tl.store(O + tok[:, None] * V + cv[None, :], o.to(O.dtype.element_ty), mask=vm)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -513,7 +597,8 @@ def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl
 @triton.jit
 def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
              BK: tl.constexpr, BV: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-             GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+             GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr,
+             SROWS: tl.constexpr = False):
     vb = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
@@ -534,26 +619,45 @@ def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: 
     cv = vb * BV + tl.arange(0, BV)
     km = rmask[:, None] & kmask[None, :]
     vm = rmask[:, None] & (cv < V)[None, :]
-    q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
-    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
-    dt = q.dtype
-    g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
-    u = tl.cumsum(g, 0)
-    if READ_AFTER:
-        ur = u
-        causal = (i // GROUP)[:, None] >= (i // GROUP)[None, :]
+    if SROWS:  # dU = Pᵀ dO over the chunk's steps only (dO lives on their first pseudo-tokens; _srows)
+        x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+        dt = Q.dtype.element_ty
+        g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
+        u = tl.cumsum(g, 0)
+        if READ_AFTER:
+            ur = u
+        else:
+            ur = u - _gfirst(g, i, GROUP)
+        j, srow, smk = _srows(b, h, n, T, H, C, GROUP)
+        qs = tl.load(Q + srow[:, None] * K + ck[None, :], mask=smk[:, None] & kmask[None, :], other=0.)
+        urs = _at_steps(ur, C, GROUP)
+        xq = tl.dot(x, tl.trans(qs), input_precision=PREC)  # [C, C // W]: Pᵀ built directly
+        PT = tl.where(tl.trans(_step_mask(j, i, GROUP, READ_AFTER)),
+                      xq * tl.exp(tl.minimum(urs[None, :] - u[:, None], 0.)), 0.)
+        dos = tl.load(DO + srow[:, None] * V + cv[None, :], mask=smk[:, None] & (cv < V)[None, :], other=0.).to(dt)
+        du = tl.dot(PT.to(dt), dos, input_precision=PREC)
+        tl.store(DU + tok[:, None] * V + cv[None, :], du, mask=vm)
     else:
-        ur = u - _gfirst(g, i, GROUP)
-        causal = (i // GROUP)[:, None] > (i // GROUP)[None, :]
-    # Pᵀ built directly (rows s, columns i): no transpose of a dot result feeds a dot (fla #640).
-    xq = tl.dot(x, tl.trans(q), input_precision=PREC)
-    PT = tl.where(tl.trans(causal), xq * tl.exp(tl.minimum(ur[None, :] - u[:, None], 0.)), 0.)
-    if GATHER:  # dO of a step reaches its first pseudo-token only
-        do = tl.load(DO + stok[:, None] * V + cv[None, :], mask=gmask[:, None] & (cv < V)[None, :], other=0.).to(dt)
-    else:
-        do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
-    du = tl.dot(PT.to(dt), do, input_precision=PREC)
-    tl.store(DU + tok[:, None] * V + cv[None, :], du, mask=vm)
+        q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
+        x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+        dt = q.dtype
+        g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
+        u = tl.cumsum(g, 0)
+        if READ_AFTER:
+            ur = u
+            causal = (i // GROUP)[:, None] >= (i // GROUP)[None, :]
+        else:
+            ur = u - _gfirst(g, i, GROUP)
+            causal = (i // GROUP)[:, None] > (i // GROUP)[None, :]
+        # Pᵀ built directly (rows s, columns i): no transpose of a dot result feeds a dot (fla #640).
+        xq = tl.dot(x, tl.trans(q), input_precision=PREC)
+        PT = tl.where(tl.trans(causal), xq * tl.exp(tl.minimum(ur[None, :] - u[:, None], 0.)), 0.)
+        if GATHER:  # dO of a step reaches its first pseudo-token only
+            do = tl.load(DO + stok[:, None] * V + cv[None, :], mask=gmask[:, None] & (cv < V)[None, :], other=0.).to(dt)
+        else:
+            do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
+        du = tl.dot(PT.to(dt), do, input_precision=PREC)
+        tl.store(DU + tok[:, None] * V + cv[None, :], du, mask=vm)
 
 
 @triton.jit
@@ -733,9 +837,10 @@ def _bwd_gates(G, stok, gmask, i, GROUP: tl.constexpr, READ_AFTER: tl.constexpr)
 def _bwd_cc(Q, X, VV, R, ETA, G, A, DO, DU, DV, DETA, MM, GM, VEC, T, XT, XOFF,
             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
             BV: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
-            GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr):
+            GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr,
+            SROWS: tl.constexpr = False):
     """Per chunk: DOU, dL (value loop), dv, dη; M, Gm to scratch; the gate vectors (d_ur, d_ub, d_u) of the [C, C]
-    terms to VEC [B, T, H, 3] (fp32)."""
+    terms to VEC [B, T, H, 3] (fp32). SROWS: DOU and M on the chunk's steps ([C // W, C]; M to MM [B, T / W, H, C])."""
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -765,14 +870,20 @@ def _bwd_cc(Q, X, VV, R, ETA, G, A, DO, DU, DV, DETA, MM, GM, VEC, T, XT, XOFF,
     if DELTA:
         Ai = tl.load(A + tok[:, None] * C + i[None, :], mask=rmask[:, None], other=0.)
         AiT = tl.trans(Ai).to(dt)
-    DOU = tl.zeros([C, C], dtype=tl.float32)
+    if SROWS:
+        j, srow, smk = _srows(b, h, n, T, H, C, GROUP)
+        DOU = tl.zeros([C // GROUP, C], dtype=tl.float32)
+    else:
+        DOU = tl.zeros([C, C], dtype=tl.float32)
     dL = tl.zeros([C, C], dtype=tl.float32)
     d_eta = tl.zeros([C], dtype=tl.float32)
     for vb in range(0, tl.cdiv(V, BV)):
         cv = vb * BV + tl.arange(0, BV)
         vmask = cv < V
         vm = rmask[:, None] & vmask[None, :]
-        if GATHER:
+        if SROWS:
+            do = tl.load(DO + srow[:, None] * V + cv[None, :], mask=smk[:, None] & vmask[None, :], other=0.).to(dt)
+        elif GATHER:
             do = tl.load(DO + stok[:, None] * V + cv[None, :], mask=gmask[:, None] & vmask[None, :], other=0.).to(dt)
         else:
             do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
@@ -799,15 +910,27 @@ def _bwd_cc(Q, X, VV, R, ETA, G, A, DO, DU, DV, DETA, MM, GM, VEC, T, XT, XOFF,
     strict = (i // GROUP)[:, None] > (i // GROUP)[None, :]
     ck = tl.arange(0, BK)
     km = rmask[:, None] & (ck < K)[None, :]
-    q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
-    x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
-    qx = tl.dot(q, tl.trans(x), input_precision=PREC)
-    Er = tl.where(causal, tl.exp(tl.minimum(ur[:, None] - u[None, :], 0.)), 0.)
-    Z = qx * Er * DOU
-    d_ur = tl.sum(Z, 1)
-    d_u = -tl.sum(Z, 0)
-    d_ub = tl.zeros([C], dtype=tl.float32)
-    tl.store(MM + tok[:, None] * C + i[None, :], (DOU * Er).to(dt), mask=rmask[:, None])
+    if SROWS:
+        qs = tl.load(Q + srow[:, None] * K + ck[None, :], mask=smk[:, None] & (ck < K)[None, :], other=0.)
+        x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+        qx = tl.dot(qs, tl.trans(x), input_precision=PREC)
+        Er = tl.where(_step_mask(j, i, GROUP, READ_AFTER),
+                      tl.exp(tl.minimum(_at_steps(ur, C, GROUP)[:, None] - u[None, :], 0.)), 0.)
+        Z = qx * Er * DOU
+        d_ur = _from_steps(tl.sum(Z, 1), C, GROUP)
+        d_u = -tl.sum(Z, 0)
+        d_ub = tl.zeros([C], dtype=tl.float32)
+        tl.store(MM + srow[:, None] * C + i[None, :], (DOU * Er).to(dt), mask=smk[:, None])
+    else:
+        q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
+        x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
+        qx = tl.dot(q, tl.trans(x), input_precision=PREC)
+        Er = tl.where(causal, tl.exp(tl.minimum(ur[:, None] - u[None, :], 0.)), 0.)
+        Z = qx * Er * DOU
+        d_ur = tl.sum(Z, 1)
+        d_u = -tl.sum(Z, 0)
+        d_ub = tl.zeros([C], dtype=tl.float32)
+        tl.store(MM + tok[:, None] * C + i[None, :], (DOU * Er).to(dt), mask=rmask[:, None])
     if DELTA:
         dL = tl.where(strict, dL, 0.)
         gram = tl.dot(x, tl.trans(x), input_precision=PREC)
@@ -825,16 +948,35 @@ def _bwd_cc(Q, X, VV, R, ETA, G, A, DO, DU, DV, DETA, MM, GM, VEC, T, XT, XOFF,
 
 
 @triton.jit
+def _q_rowsum(q, dq, C: tl.constexpr, W: tl.constexpr, SROWS: tl.constexpr):
+    """q·dq per pseudo-token row (with SROWS from the step rows, at each step's first pseudo-token)."""
+    if SROWS:
+        return _from_steps(tl.sum(q.to(tl.float32) * dq, 1), C, W)
+    else:
+        return tl.sum(q.to(tl.float32) * dq, 1)
+
+
+@triton.jit
+def _rows_of(z, C: tl.constexpr, W: tl.constexpr, SROWS: tl.constexpr):
+    """A per-pseudo-token vector on the kernel's dq rows: itself, or with SROWS its value at each step."""
+    if SROWS:
+        return _at_steps(z, C, W)
+    else:
+        return z
+
+
+@triton.jit
 def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT, XOFF, NT,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, DELTA: tl.constexpr, READ_AFTER: tl.constexpr, PREC: tl.constexpr,
               GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX, COFF, VARLEN: tl.constexpr,
-              DQSUM: tl.constexpr, VEC=None, DG=None, GATE: tl.constexpr = False):
+              DQSUM: tl.constexpr, VEC=None, DG=None, GATE: tl.constexpr = False, SROWS: tl.constexpr = False):
     """Key tile kt (BK columns) of a chunk: dq, dx from the value loop's dO Sᵀ, U dHᵀ, dY Sᵀ and _bwd_cc's M, Gm;
     the gate row sums of the tile to PART [B, T, H, NKt, 4] (q·dO Sᵀ, x·U dHᵀ, x·dY Sᵀ, Σ dH ⊙ S on the first row).
     GATHER and DQSUM (DQ_SUM="kernel"): dq per step, its W pseudo-tokens' rows summed here in fp32, DQ [B, T/W, H, K].
     GATE (GATE_FOLD, one key tile only, ours): dg here from the row sums and _bwd_cc's VEC, as _bwd_gate would form it
-    (no PART, one launch fewer)."""
+    (no PART, one launch fewer). SROWS (with DQSUM): dO Sᵀ, M x and Mᵀ q on the chunk's steps (_srows; M from MM
+    [B, T / W, H, C])."""
     kt = tl.program_id(0)
     n = tl.program_id(1)
     bh = tl.program_id(2)
@@ -870,7 +1012,11 @@ def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT,
     ck = kt * BK + tl.arange(0, BK)
     kmask = ck < K
     km = rmask[:, None] & kmask[None, :]
-    dq = tl.zeros([C, BK], dtype=tl.float32)
+    if SROWS:
+        j, srow, smk = _srows(b, h, n, T, H, C, GROUP)
+        dq = tl.zeros([C // GROUP, BK], dtype=tl.float32)
+    else:
+        dq = tl.zeros([C, BK], dtype=tl.float32)
     dxs = tl.zeros([C, BK], dtype=tl.float32)
     dxy = tl.zeros([C, BK], dtype=tl.float32)
     sdh = tl.sum(tl.zeros([C], dtype=tl.float32), 0)
@@ -884,7 +1030,9 @@ def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT,
         S = tl.load(HS + hbase + soff, mask=smask, other=0.).to(tl.float32)  # a no-op for fp32 states (STATE_DTYPE)
         dH = tl.load(DHS + hbase + soff, mask=smask, other=0.).to(tl.float32)
         Sd = S.to(dt)
-        if GATHER:
+        if SROWS:
+            do = tl.load(DO + srow[:, None] * V + cv[None, :], mask=smk[:, None] & vmask[None, :], other=0.).to(dt)
+        elif GATHER:
             do = tl.load(DO + stok[:, None] * V + cv[None, :], mask=gmask[:, None] & vmask[None, :], other=0.).to(dt)
         else:
             do = tl.load(DO + tok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
@@ -899,12 +1047,15 @@ def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT,
         if DELTA:  # dY as _bwd_cc stored it (dv's rows of this chunk), in the input dtype
             dYd = tl.load(DV + dxtok[:, None] * V + cv[None, :], mask=vm, other=0.).to(dt)
             dxy += tl.dot(dYd, tl.trans(Sd), input_precision=PREC)
-    q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
+    if SROWS:
+        q = tl.load(Q + srow[:, None] * K + ck[None, :], mask=smk[:, None] & kmask[None, :], other=0.)
+    else:
+        q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
     x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
     if GATE:
         dgr = _dg_rows(ur, uC, ub, eC, tl.load(VEC + tok * 3, mask=rmask, other=0.),
                        tl.load(VEC + tok * 3 + 1, mask=rmask, other=0.), tl.load(VEC + tok * 3 + 2, mask=rmask, other=0.),
-                       tl.sum(q.to(tl.float32) * dq, 1), tl.sum(x.to(tl.float32) * dxs, 1),
+                       _q_rowsum(q, dq, C, GROUP, SROWS), tl.sum(x.to(tl.float32) * dxs, 1),
                        tl.sum(x.to(tl.float32) * dxy, 1), tl.where(i == 0, sdh, 0.), i, C, DELTA, READ_AFTER, GROUP)
         if GATHER:  # log γ lives on the first pseudo-token of each step
             tl.store(DG + stok, dgr, mask=gmask)
@@ -912,12 +1063,15 @@ def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT,
             tl.store(DG + tok, dgr, mask=rmask)
     else:
         pbase = PART + tok * (NKT * 4) + kt * 4
-        tl.store(pbase, tl.sum(q.to(tl.float32) * dq, 1), mask=rmask)
+        tl.store(pbase, _q_rowsum(q, dq, C, GROUP, SROWS), mask=rmask)
         tl.store(pbase + 1, tl.sum(x.to(tl.float32) * dxs, 1), mask=rmask)
         tl.store(pbase + 2, tl.sum(x.to(tl.float32) * dxy, 1), mask=rmask)
         tl.store(pbase + 3, tl.where(i == 0, sdh, 0.), mask=rmask)
-    M = tl.load(MM + tok[:, None] * C + i[None, :], mask=rmask[:, None], other=0.)
-    dq = dq * tl.exp(ur)[:, None] + tl.dot(M, x, input_precision=PREC)
+    if SROWS:
+        M = tl.load(MM + srow[:, None] * C + i[None, :], mask=smk[:, None], other=0.)
+    else:
+        M = tl.load(MM + tok[:, None] * C + i[None, :], mask=rmask[:, None], other=0.)
+    dq = dq * tl.exp(_rows_of(ur, C, GROUP, SROWS))[:, None] + tl.dot(M, x, input_precision=PREC)
     dx = dxs * eC[:, None]
     # Mᵀq and Gmᵀx are formed as (qᵀM)ᵀ, (xᵀGm)ᵀ: a [C, C] dot result is never transposed and fed
     # to another dot (the Hopper miscompile of Triton 3.4-3.7.0, fla #640).
@@ -928,7 +1082,9 @@ def _bwd_dqdx(Q, X, VV, R, ETA, G, HS, DHS, DO, DV, MM, GM, DQ, DX, PART, T, XT,
         dxT += tl.dot(tl.trans(x), Gm, input_precision=PREC)
         dx -= dxy * tl.exp(ub)[:, None]
     dx += tl.trans(dxT)
-    if GATHER and DQSUM:  # chunk n's C / W steps: rows t·W .. t·W + W - 1 are step t's pseudo-tokens
+    if SROWS:
+        tl.store(DQ + srow[:, None] * K + ck[None, :], dq.to(DQ.dtype.element_ty), mask=smk[:, None] & kmask[None, :])
+    elif GATHER and DQSUM:  # chunk n's C / W steps: rows t·W .. t·W + W - 1 are step t's pseudo-tokens
         NSC: tl.constexpr = C // GROUP
         st = n * NSC + tl.arange(0, NSC)
         srow = (b * (T // GROUP) + st).to(tl.int64) * H + h
@@ -1066,7 +1222,7 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         O = _empty((B, q.shape[1], H, V), out_dtype or q.dtype, dev)
         _fwd_out[(cdiv(V, BVo), NT, B * H)](
             q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, group, gather,
-            *va, **st)
+            *va, SROWS=step_rows(gather, C, group, dev), **st)
     if GP:  # back to the call's shapes (HS keeps the pieces' chunks, piece-major, in the same buffer)
         T0 = T * GP
         return (O.view(Bo, Ts, H, V) if O is not None else None, STo,
@@ -1102,12 +1258,13 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     if GP and gather:
         XT = _ds.pair_rows(GP, x, Ts)
     f32 = torch.float32
+    srows = step_rows(gather, C, group, dev)
     DU = None
     NP = split_pieces(NT, cdiv(V, BVs) * NKB * NS * H, not delta, cu_seqlens is None and group == 1)
     if NKB == 1 and not NP:  # DU's intra part first, its state part added by _bwd_state
         DU = torch.empty(B, T, H, V, dtype=du_dtype(q.dtype), device=dev)
         _bwd_dul[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, T, XT, xoff, H, K, V, C, BK, BVo,
-                                            read_after, prec, group, gather, *va, **st)
+                                            read_after, prec, group, gather, *va, SROWS=srows, **st)
     DHS = torch.empty(B, H, NT, K, V, dtype=state_dtype(q.dtype), device=dev)
     DS0 = _empty((NS, H, K, V), f32, dev) if need_ds0 else None
     if GP:  # the gradient at each piece's end (DCARRY) and dS_0 first; the single pass then runs per piece from it
@@ -1140,11 +1297,11 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     dv = grad((B, T, H, V) if gather else v.shape, v.dtype)
     deta = _empty((B, T, H) if gather else eta.shape, eta.dtype, dev)
     BKt, BVt, wt = _split_cfg(K, V)  # scratch in the kernels' rows (tok)
-    MM = _empty((B, T, H, C), q.dtype, dev)  # M = DOU ⊙ Er
+    MM = _empty((B, T // group if srows else T, H, C), q.dtype, dev)  # M = DOU ⊙ Er (per step with SROWS)
     GM = _empty((B, T, H, C), q.dtype, dev) if delta else MM  # Gm = dL ⊙ Eb η
     VEC = _empty((B, T, H, 3), f32, dev)  # d_ur, d_ub, d_u of the [C, C] terms
     _bwd_cc[(NT, B * H)](q, x, v, R, eta, g, A, dO, DU, dv, deta, MM, GM, VEC, T, XT, xoff, H, K, V, C, BK, BVt,
-                         delta, read_after, prec, group, gather, *va, num_warps=wt, **st)
+                         delta, read_after, prec, group, gather, *va, SROWS=srows, num_warps=wt, **st)
     DU = None  # its last reader is queued
     dqsum = gather and DQ_SUM == "kernel"  # dq per step from _bwd_dqdx, not per pseudo-token
     dq = _empty((B, T, H, K) if gather and not dqsum else q.shape, q.dtype, dev)
@@ -1153,13 +1310,13 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
         dg = _empty(g.shape, g.dtype, dev)
         _bwd_dqdx[(1, NT, B * H)](q, x, v, R, eta, g, HS, DHS, dO, dv, MM, GM, dq, dx, eta, T, XT, xoff, NT, H, K, V, C,
                                   BKt, BVt, delta, read_after, prec, group, gather, *va, dqsum, VEC, dg, True,
-                                  num_warps=wt, **st)
+                                  SROWS=srows, num_warps=wt, **st)
         DHS = MM = GM = None
     else:
         PART = _empty((B, T, H, cdiv(K, BKt), 4), f32, dev)  # the key tiles' row sums
         _bwd_dqdx[(cdiv(K, BKt), NT, B * H)](q, x, v, R, eta, g, HS, DHS, dO, dv, MM, GM, dq, dx, PART, T, XT, xoff,
                                              NT, H, K, V, C, BKt, BVt, delta, read_after, prec, group, gather, *va,
-                                             dqsum, num_warps=wt, **st)
+                                             dqsum, SROWS=srows, num_warps=wt, **st)
         DHS = MM = GM = None
         dg = _empty(g.shape, g.dtype, dev)
         _bwd_gate[(NT, B * H)](g, VEC, PART, dg, T, XT, xoff, H, K, C, BKt, delta, read_after, group, gather, *va,
