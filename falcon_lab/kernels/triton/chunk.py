@@ -117,13 +117,14 @@ DU_DTYPE = env_choice("FALCON_TRITON_DU_DTYPE", "input", ("fp32", "input"),
 
 # Falcon-3 in place: the step-only terms on the chunk's steps (ours): "off" (every term over the C pseudo-token rows
 # of a chunk; proven, the default) or "on" (SROWS: _fwd_out's read-out, _bwd_dul's Pᵀ dO, _bwd_cc's DOU = dO Uᵀ and
-# M, and _bwd_dqdx's dO Sᵀ, M x and Mᵀ q on the chunk's C / W step rows: q and dO are the same on a step's W
-# pseudo-tokens, and dO, O live on the first one only, so W - 1 of every W rows of those products were copies or
-# zeros; M is stored per step, [B, T, H, C] instead of [B, T·W, H, C]). Where C / W >= 16 (a dot's smallest side;
-# W = 4 at C = 64, the default) and dq is summed in the kernel (DQ_SUM). Written 2026-12-05 (twenty-fourth session)
-# after the compiled small model's profile put _bwd_dqdx (1.20 ms), _bwd_cc (0.65), _fwd_out (0.28) and _bwd_dul
-# (0.18) at 2.3 of Falcon-3's 4.7 ms per layer at (16, 2048, 6, 128) (kernels_2026-12-05b/call1/model_op.log).
-# Interpreter-tested; on CUDA only with FALCON_TRITON_UNPROVEN=1 until proven on the H200.
+# M, _bwd_dqdx's dO Sᵀ, M x and Mᵀ q, and _bwd_state's qᵀ dO on the chunk's C / W step rows: q and dO are the same on
+# a step's W pseudo-tokens, and dO, O live on the first one only, so W - 1 of every W rows of those products were
+# copies or zeros; M is stored per step, [B, T, H, C] instead of [B, T·W, H, C]). Where C / W >= 16 (a dot's smallest
+# side; W = 4 at C = 64, the default) and dq is summed in the kernel (DQ_SUM). Written 2026-12-05 (twenty-fourth
+# session) after the compiled small model's profile put _bwd_dqdx (1.20 ms), _bwd_state (0.78), _bwd_cc (0.65),
+# _fwd_out (0.28) and _bwd_dul (0.18) at 3.1 of Falcon-3's 4.7 ms per layer at (16, 2048, 6, 128)
+# (kernels_2026-12-05b/call1/model_op.log). Interpreter-tested; on CUDA only with FALCON_TRITON_UNPROVEN=1 until
+# proven on the H200.
 STEP_ROWS = env_choice("FALCON_TRITON_3_STEP_ROWS", "off", ("off", "on"),
                        "Falcon-3 in place: the read-out, dU, M and dq terms on the chunk's steps or on every "
                        "pseudo-token row (off proven)")
@@ -716,9 +717,10 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                DELTA: tl.constexpr, READ_AFTER: tl.constexpr, HAS_DST: tl.constexpr,
                STORE_DS0: tl.constexpr, PREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX,
-               COFF, VARLEN: tl.constexpr, NKB: tl.constexpr = 1):
+               COFF, VARLEN: tl.constexpr, NKB: tl.constexpr = 1, SROWS: tl.constexpr = False):
     """NKB > 1 (linear only; common.linear_state_tiles): key tile p % NKB of value block p // NKB, and DU is neither
-    read nor written (its state part, a sum over every key, is _bwd_dul_state's, after this pass)."""
+    read nor written (its state part, a sum over every key, is _bwd_dul_state's, after this pass). SROWS: qᵀ dO on the
+    chunk's steps (_srows)."""
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -753,7 +755,11 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
         km = rmask[:, None] & kmask[None, :]
         vm = rmask[:, None] & vmask[None, :]
         x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
-        q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
+        if SROWS:
+            j, srow, smk = _srows(b, h, n, T, H, C, GROUP)
+            q = tl.load(Q + srow[:, None] * K + ck[None, :], mask=smk[:, None] & kmask[None, :], other=0.)
+        else:
+            q = tl.load(Q + stok[:, None] * K + ck[None, :], mask=km, other=0.)
         dt = x.dtype
         eta = tl.load(ETA + stok, mask=rmask, other=0.).to(tl.float32)
         g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
@@ -763,7 +769,10 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
             ur = u
         else:
             ur = u - _gfirst(g, i, GROUP)
-        if GATHER:
+        if SROWS:
+            do = tl.load(DO + srow[:, None] * V + cv[None, :], mask=smk[:, None] & vmask[None, :],
+                         other=0.).to(tl.float32)
+        elif GATHER:
             do = tl.load(DO + stok[:, None] * V + cv[None, :], mask=gmask[:, None] & vmask[None, :],
                          other=0.).to(tl.float32)
         else:
@@ -772,7 +781,8 @@ def _bwd_state(Q, X, ETA, G, WT, DO, DU, DST, DHS, DS0, T, XT, XOFF, NT, H: tl.c
             du = tl.load(DU + tok[:, None] * V + cv[None, :], mask=vm, other=0.)
             du += tl.dot(x, dH.to(dt), input_precision=PREC) * tl.exp(tl.minimum(uC - u, 0.))[:, None]
             tl.store(DU + tok[:, None] * V + cv[None, :], du, mask=vm)
-        dHn = dH * tl.exp(uC) + tl.dot(tl.trans(q), (do * tl.exp(ur)[:, None]).to(dt), input_precision=PREC)
+        dHn = dH * tl.exp(uC) + tl.dot(tl.trans(q), (do * tl.exp(_rows_of(ur, C, GROUP, SROWS))[:, None]).to(dt),
+                                       input_precision=PREC)
         if DELTA:
             wt = tl.load(WT + tok[:, None] * K + ck[None, :], mask=km, other=0.)
             dHn -= tl.dot(tl.trans(wt), (du * eta[:, None]).to(dt), input_precision=PREC)
@@ -1278,7 +1288,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
         _bwd_state[(cdiv(V, BVs) * NKB, NS * H)](
             q, x, eta, g, WT, dO, DU if DU is not None else eta, dST if dST is not None else eta, DHS,
             DS0 if DS0 is not None else eta, T, XT, xoff, NT, H, K, V, C, BKs, BVs, delta, read_after,
-            dST is not None, need_ds0, prec, group, gather, *va, NKB, **state_opts(st))
+            dST is not None, need_ds0, prec, group, gather, *va, NKB, SROWS=srows, **state_opts(st))
     if NKB > 1 or NP:  # the key-split or split linear pass (LINEAR_KSPLIT, LINEAR_SPLIT): all of DU after it
         DU = torch.empty(B, T, H, V, dtype=du_dtype(q.dtype), device=dev)
         _bwd_dul_state[(cdiv(V, BVo), NT, B * H)](q, x, g, dO, DU, DHS, T, XT, xoff, NT, H, K, V, C, BK, BVo,
