@@ -9,7 +9,8 @@ from interp_helpers import case_result, run_interp_cases
 CASES = [dict(id=f"W{W}-K{K}{'-' + kind if kind else ''}", W=W, K=K, N=N, seed=i, **({kind: True} if kind else {}))
          for i, (W, K, N, kind) in enumerate([
              (2, 8, 37, None), (4, 16, 301, None), (8, 16, 50, None), (16, 32, 20, None),
-             (4, 16, 64, "rank1"), (4, 16, 64, "zeros"), (8, 4, 40, "rank1"), (4, 16, 30, "close")])]
+             (4, 16, 64, "rank1"), (4, 16, 64, "zeros"), (8, 4, 40, "rank1"), (4, 16, 30, "close"),
+             (4, 16, 40, "compiled")])]
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +30,8 @@ def test_one_kernel_squarings_match_the_pytorch_ones(results, case):
         assert r["min_cos"] >= 1 - 1e-4 and r["zero_where_torch_zero"], r
     for name in ("stat", "eta", "dk"):
         assert r[f"prep_{name}"] <= 4 * r[f"prep_{name}_torch"] + 5e-6, (name, r)
+    if case.get("compiled"):  # falcon_lab::top_eigvec (torch.compile's path): the eager kernel's result, opcheck
+        assert r["compiled_differs"] == 0.0 and r["opcheck_failed"] == 0, r
 
 
 def test_triton_backend_uses_it_for_falcon_3_only_where_it_applies(monkeypatch):
@@ -48,8 +51,14 @@ def test_triton_backend_uses_it_for_falcon_3_only_where_it_applies(monkeypatch):
     ok, why = kt.eig_check(s3, window=4, device_type="cuda")
     assert not ok and "not proven" in why
     monkeypatch.setattr(kt, "PROVEN_EIG", True)
+    # traced (a packed Falcon-3 call under torch.compile): the kernel as the custom operator falcon_lab::top_eigvec,
+    # unless FALCON_TRITON_PREP_COMPILED=traced
+    assert torch.compile(lambda: kt.eig_check(s3, window=4, device_type="cuda")[0], backend="eager",
+                         fullgraph=True)()
+    monkeypatch.setattr(kt, "_PREP_COMPILED", "traced")
     assert not torch.compile(lambda: kt.eig_check(s3, window=4, device_type="cuda")[0], backend="eager",
                              fullgraph=True)()
+    monkeypatch.setattr(kt, "_PREP_COMPILED", "auto")
     monkeypatch.setattr(kt, "_PREP", "torch")
     ok, why = kt.eig_check(s3, window=4, device_type="cuda")
     assert not ok and "FALCON_TRITON_PREP=torch" in why

@@ -62,6 +62,13 @@ def eig_case(c):
         out[f"prep_{name}"] = float((a.double() - b).abs().max() / (b.abs().max() + 1e-30))
     for name, (a, b) in zip(("stat", "eta", "dk"), zip(run(None, torch.float32), r64)):
         out[f"prep_{name}_torch"] = float((a.double() - b).abs().max() / (b.abs().max() + 1e-30))
+    if c.get("compiled"):  # the custom operator falcon_lab::top_eigvec, what a compiled call's PyTorch prep runs
+        torch._dynamo.reset()
+        comp = torch.compile(lambda x: _largest_eig(x, eigvec=top_eigvec), backend="aot_eager", fullgraph=True)
+        out["compiled_differs"] = float((comp(g32) - _largest_eig(g32, eigvec=top_eigvec)).abs().max())
+        from falcon_lab.kernels.triton.eig import top_eigvec_op
+
+        out["opcheck_failed"] = sum(v != "SUCCESS" for v in torch.library.opcheck(top_eigvec_op, (g32,)).values())
     return out
 
 

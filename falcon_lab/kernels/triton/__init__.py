@@ -153,7 +153,9 @@ _PREP = env_choice("FALCON_TRITON_PREP", "fused", ("fused", "torch"),
 # per form) "op" took Falcon-3.3 from 158.7k to 253.0k tokens/s (0.32x -> 0.51x the compiled Transformer's 500.8k;
 # one step's CUDA time 207.0 -> 125.3 ms, of which 80.4 ms had been 756 cuBLAS gemmSN_NN calls) for +0.6 GiB peak,
 # while Falcon-1.3 358.0k vs 355.8k (same), Falcon-2A.3 230.4k vs 235.7k and Falcon-3A.3 347.8k vs 365.8k were
-# faster traced: Inductor fuses their elementwise preps into the glue.
+# faster traced: Inductor fuses their elementwise preps into the glue. A packed Falcon-3 call (no fused window prep
+# for packed sequences) traces the PyTorch prep but, unless "traced", takes μ_t's squarings from eig.py's kernel as
+# the custom operator falcon_lab::top_eigvec (eig_check), not as ~90 traced batched products.
 _PREP_COMPILED = env_choice("FALCON_TRITON_PREP_COMPILED", "auto", ("auto", "traced", "op"),
                             "the prep under torch.compile: the PyTorch prep traced, the fused kernels as custom "
                             "operators, or auto (custom operators for Falcon-3 only)")
@@ -272,8 +274,9 @@ def eig_check(spec: FalconSpec, *, window: int, device_type: str = "cuda") -> tu
         return False, "FALCON_TRITON_PREP=torch"
     if not eig_window_ok(W):
         return False, f"the one-kernel squarings take windows 2, 4, 8, 16, got {W}"
-    if not plain_eager():
-        return False, "torch.compile / a dispatch mode: the PyTorch squarings are traced (Inductor fuses them)"
+    if not plain_eager() and _PREP_COMPILED == "traced":
+        return False, ("torch.compile / a dispatch mode: the PyTorch squarings are traced (FALCON_TRITON_PREP_COMPILED="
+                       "traced)")
     if device_type == "cuda" and not (PROVEN_EIG or _unproven_enabled()):
         return False, "the one-kernel squarings are not proven on the H200 (FALCON_TRITON_UNPROVEN=1 runs them anyway)"
     return True, "μ_t's squarings in one Triton kernel (eig.py)"

@@ -65,17 +65,39 @@ def _top_eigvec(G, VOUT, N, W: tl.constexpr, BL: tl.constexpr, SQ: tl.constexpr,
     tl.store(VOUT + r64[:, None] * W + i[None, :], v, mask=m[:, None])
 
 
-def top_eigvec(gram: torch.Tensor) -> torch.Tensor:
-    """[.., n, n] symmetric PSD fp32 matrices (n a power of two <= 16) -> [.., n, 1] fp32, a top eigenvector of each
-    (unnormalised; zero for a zero matrix), without gradient: what prep._largest_eig's squaring loop computes."""
+def _launch(gram: torch.Tensor) -> torch.Tensor:
     n = gram.shape[-1]
-    if gram.dtype != torch.float32 or not window_ok(n) or gram.shape[-2] != n:
-        raise ValueError(f"top_eigvec takes fp32 [.., n, n] with n a power of two in 2..16, got {gram.dtype} "
-                         f"{tuple(gram.shape)}")
-    g = gram.detach().reshape(-1, n, n).contiguous()
+    g = gram.reshape(-1, n, n).contiguous()
     N = g.shape[0]
     v = torch.empty(N, n, dtype=torch.float32, device=g.device)
     BL = max(1, 1024 // (n * n))  # matrices per program: 1024 fp32 elements of P per program
     if N:
         _top_eigvec[(triton.cdiv(N, BL),)](g, v, N, n, BL, SQUARINGS, TINY)
     return v.view(*gram.shape[:-1], 1)
+
+
+# The same kernel as a custom operator (ours, 2026-12-05): under torch.compile (a packed Falcon-3 call, whose window
+# prep has no fused form, traces the PyTorch prep) the squarings stay one kernel instead of ~90 traced products.
+@torch.library.custom_op("falcon_lab::top_eigvec", mutates_args=())
+def top_eigvec_op(gram: torch.Tensor) -> torch.Tensor:
+    return _launch(gram)
+
+
+@top_eigvec_op.register_fake
+def _(gram):
+    return gram.new_empty(gram.shape[:-1] + (1,))
+
+
+def top_eigvec(gram: torch.Tensor) -> torch.Tensor:
+    """[.., n, n] symmetric PSD fp32 matrices (n a power of two <= 16) -> [.., n, 1] fp32, a top eigenvector of each
+    (unnormalised; zero for a zero matrix), without gradient: what prep._largest_eig's squaring loop computes. Through
+    the custom operator while torch.compile traces or a dispatch mode is active."""
+    from .ops import plain_eager
+
+    n = gram.shape[-1]
+    if gram.dtype != torch.float32 or not window_ok(n) or gram.shape[-2] != n:
+        raise ValueError(f"top_eigvec takes fp32 [.., n, n] with n a power of two in 2..16, got {gram.dtype} "
+                         f"{tuple(gram.shape)}")
+    if not plain_eager():
+        return top_eigvec_op(gram.detach())
+    return _launch(gram.detach())
