@@ -744,6 +744,9 @@ SWITCHES = [
     (KT + "host", "UNPROVEN", "FALCON_TRITON_UNPROVEN", None, "yes",
      "FALCON_TRITON_UNPROVEN must be '0' or '1', got 'yes'"),
     (KT[:-1], "_TF32", "FALCON_TRITON_TF32", None, "on", "FALCON_TRITON_TF32 must be '0' or '1', got 'on'"),
+    # Falcon-3's step-only terms on the chunk's steps (chunk.py _srows)
+    (KT + "chunk", "STEP_ROWS", "FALCON_TRITON_3_STEP_ROWS", "off", "yes",
+     "FALCON_TRITON_3_STEP_ROWS must be 'off' or 'on', got 'yes'"),
     # the prep under torch.compile: Falcon-3's as custom operators (prep_ops.py), the others traced
     (KT[:-1], "_PREP_COMPILED", "FALCON_TRITON_PREP_COMPILED", "auto", "ops",
      "FALCON_TRITON_PREP_COMPILED must be 'auto', 'traced' or 'op', got 'ops'"),
