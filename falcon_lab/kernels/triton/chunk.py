@@ -508,6 +508,22 @@ def _step_mask(j, i, W: tl.constexpr, READ_AFTER: tl.constexpr):
 
 
 @triton.jit
+def _step_reads(Q, G, stok, gmask, i, b, h, n, T, ck, kmask, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr,
+                W: tl.constexpr, READ_AFTER: tl.constexpr):
+    """SROWS' common reads of _fwd_out and _bwd_dul: the chunk's log-prefix u per pseudo-token, its steps (_srows),
+    their q rows and their read prefixes (u with READ_AFTER, else the prefix before the step)."""
+    g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
+    u = tl.cumsum(g, 0)
+    if READ_AFTER:
+        ur = u
+    else:
+        ur = u - _gfirst(g, i, W)
+    j, srow, smk = _srows(b, h, n, T, H, C, W)
+    qs = tl.load(Q + srow[:, None] * K + ck[None, :], mask=smk[:, None] & kmask[None, :], other=0.)
+    return u, j, srow, smk, qs, _at_steps(ur, C, W)
+
+
+@triton.jit
 def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
              C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DELTA: tl.constexpr,
              READ_AFTER: tl.constexpr, PREC: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr, CU, CIDX,
@@ -540,15 +556,7 @@ def _fwd_out(Q, X, VV, R, ETA, G, HS, O, T, XT, XOFF, NT, H: tl.constexpr, K: tl
         x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
         dt = Q.dtype.element_ty
         eta = tl.load(ETA + stok, mask=rmask, other=0.).to(tl.float32)
-        g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
-        u = tl.cumsum(g, 0)
-        if READ_AFTER:
-            ur = u
-        else:
-            ur = u - _gfirst(g, i, GROUP)
-        j, srow, smk = _srows(b, h, n, T, H, C, GROUP)
-        qs = tl.load(Q + srow[:, None] * K + ck[None, :], mask=smk[:, None] & kmask[None, :], other=0.)
-        urs = _at_steps(ur, C, GROUP)
+        u, j, srow, smk, qs, urs = _step_reads(Q, G, stok, gmask, i, b, h, n, T, ck, kmask, H, K, C, GROUP, READ_AFTER)
         qx = tl.dot(qs, tl.trans(x), input_precision=PREC)
         P = tl.where(_step_mask(j, i, GROUP, READ_AFTER), qx * tl.exp(tl.minimum(urs[:, None] - u[None, :], 0.)), 0.)
         S = tl.load(HS + (bh.to(tl.int64) * NT + n) * K * V + ck[:, None] * V + cv[None, :],
@@ -623,15 +631,7 @@ def _bwd_dul(Q, X, G, DO, DU, T, XT, XOFF, H: tl.constexpr, K: tl.constexpr, V: 
     if SROWS:  # dU = Pᵀ dO over the chunk's steps only (dO lives on their first pseudo-tokens; _srows)
         x = tl.load(X + xtok[:, None] * K + ck[None, :], mask=km, other=0.)
         dt = Q.dtype.element_ty
-        g = tl.load(G + stok, mask=gmask, other=0.).to(tl.float32)
-        u = tl.cumsum(g, 0)
-        if READ_AFTER:
-            ur = u
-        else:
-            ur = u - _gfirst(g, i, GROUP)
-        j, srow, smk = _srows(b, h, n, T, H, C, GROUP)
-        qs = tl.load(Q + srow[:, None] * K + ck[None, :], mask=smk[:, None] & kmask[None, :], other=0.)
-        urs = _at_steps(ur, C, GROUP)
+        u, j, srow, smk, qs, urs = _step_reads(Q, G, stok, gmask, i, b, h, n, T, ck, kmask, H, K, C, GROUP, READ_AFTER)
         xq = tl.dot(x, tl.trans(qs), input_precision=PREC)  # [C, C // W]: Pᵀ built directly
         PT = tl.where(tl.trans(_step_mask(j, i, GROUP, READ_AFTER)),
                       xq * tl.exp(tl.minimum(urs[None, :] - u[:, None], 0.)), 0.)
