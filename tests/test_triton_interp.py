@@ -176,17 +176,24 @@ DSPLIT = [("F1-after-L1", dict(T=64, dsplit=1)),
           ("F3-W4-T17-unsplit", dict(W=4, T=17, B=1, dsplit=1, dsplit_none=True)),
           ("F1A-unsplit", dict(delta=False, T=64, dsplit=1, dsplit_none=True))]
 CASES += [_c(f"dsplit-{n}", seed=300 + i, **kw) for i, (n, kw) in enumerate(DSPLIT)]
-# Falcon-3 in place with the step-only terms on the chunk's steps (step_rows="on": FALCON_TRITON_3_STEP_ROWS=on, ours,
-# opt-in and unproven; chunk.py _srows): W = 4 at C = 64 over a short last chunk, W = 2 at C = 32 read before with
-# fp16, strong decay and dlog γ folded into _bwd_dqdx (GATE_FOLD), masked key and value tiles (K = 48, V = 80) with
-# the delta split's piece view; `srows_off` 0 when every call ran them; W = 4 at C = 32 (8 steps a chunk, below a
-# dot's side) must keep the pseudo-token rows (`srows_on` 0)
+# Falcon-3 in place with the step-only terms on the chunk's steps (step_rows="on": FALCON_TRITON_3_STEP_ROWS=on, ours;
+# chunk.py _srows; read-before is unproven on the H200): W = 4 at C = 64 over a short last chunk, W = 2 at C = 32 read
+# before with fp16, strong decay and dlog γ folded into _bwd_dqdx (GATE_FOLD), masked key and value tiles (K = 48,
+# V = 80) with the delta split's piece view; `srows_off` 0 when every call ran them; W = 4 at C = 32 (8 steps a chunk,
+# below a dot's side) must keep the pseudo-token rows (`srows_on` 0)
 SROWS = [("F3-W4-C64", dict(W=4, C=64, T=40, B=1, H=2, K=32, V=16)),
          ("F3-W2-before-C32-fp16-strong-gatefold", dict(W=2, after=False, C=32, T=45, B=1, K=16, V=16,
                                                           dtype="float16", strong=True, gate_fold="on")),
          ("F3-W4-C64-K48-V80-dsplit", dict(W=4, C=64, T=32, B=2, H=1, K=48, V=80, dsplit=1)),
          ("F3-W4-C32-unapplied", dict(W=4, C=32, T=12, B=1, K=16, V=16, srows_none=True))]
 CASES += [_c(f"srows-{n}", step_rows="on", seed=340 + i, **kw) for i, (n, kw) in enumerate(SROWS)]
+# ... the default since 2026-12-05 is "after" (read-after calls only, what the H200 proved; every Falcon-3 case above
+# at C / W >= 16 runs it): a read-before call keeps the pseudo-token rows there, and "off" (the former default) stays
+# covered at W = 4, C = 64
+CASES += [_c("srows-after-F3-W2-before-C32-unapplied", W=2, after=False, C=32, T=45, B=1, K=16, V=16, seed=350,
+             srows_none=True),
+          _c("srows-off-F3-W4-C64", step_rows="off", W=4, C=64, T=40, B=1, H=2, K=32, V=16, seed=351,
+             srows_none=True)]
 # Falcon-3 in place in time segments, the forward recomputed in the backward (lean=S: FALCON_TRITON_3_LEAN=on with S
 # segments, ours, opt-in and unproven; lean.py): both read orders, a short last segment, no S0 / dS_T, fp16, masked
 # key and value tiles, with the delta split inside the segments; `lean_off` 0 when the forward and backward both ran
@@ -745,8 +752,8 @@ SWITCHES = [
      "FALCON_TRITON_UNPROVEN must be '0' or '1', got 'yes'"),
     (KT[:-1], "_TF32", "FALCON_TRITON_TF32", None, "on", "FALCON_TRITON_TF32 must be '0' or '1', got 'on'"),
     # Falcon-3's step-only terms on the chunk's steps (chunk.py _srows)
-    (KT + "chunk", "STEP_ROWS", "FALCON_TRITON_3_STEP_ROWS", "off", "yes",
-     "FALCON_TRITON_3_STEP_ROWS must be 'off' or 'on', got 'yes'"),
+    (KT + "chunk", "STEP_ROWS", "FALCON_TRITON_3_STEP_ROWS", "after", "yes",
+     "FALCON_TRITON_3_STEP_ROWS must be 'off', 'after' or 'on', got 'yes'"),
     # the prep under torch.compile: Falcon-3's as custom operators (prep_ops.py), the others traced
     (KT[:-1], "_PREP_COMPILED", "FALCON_TRITON_PREP_COMPILED", "auto", "ops",
      "FALCON_TRITON_PREP_COMPILED must be 'auto', 'traced' or 'op', got 'ops'"),

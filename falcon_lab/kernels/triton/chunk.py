@@ -116,25 +116,36 @@ DU_DTYPE = env_choice("FALCON_TRITON_DU_DTYPE", "input", ("fp32", "input"),
 
 
 # Falcon-3 in place: the step-only terms on the chunk's steps (ours): "off" (every term over the C pseudo-token rows
-# of a chunk; proven, the default) or "on" (SROWS: _fwd_out's read-out, _bwd_dul's Pᵀ dO, _bwd_cc's DOU = dO Uᵀ and
-# M, _bwd_dqdx's dO Sᵀ, M x and Mᵀ q, and _bwd_state's qᵀ dO on the chunk's C / W step rows: q and dO are the same on
-# a step's W pseudo-tokens, and dO, O live on the first one only, so W - 1 of every W rows of those products were
-# copies or zeros; M is stored per step, [B, T, H, C] instead of [B, T·W, H, C]). Where C / W >= 16 (a dot's smallest
+# of a chunk; proven, the default until 2026-12-05), "after" (the default since: SROWS for calls that read after the
+# write, the builds the H200 ran) or "on" (SROWS for both read orders; read-before is interpreter-tested only and on
+# CUDA runs only with FALCON_TRITON_UNPROVEN=1). SROWS: _fwd_out's read-out, _bwd_dul's Pᵀ dO, _bwd_cc's DOU = dO Uᵀ
+# and M, _bwd_dqdx's dO Sᵀ, M x and Mᵀ q, and _bwd_state's qᵀ dO on the chunk's C / W step rows: q and dO are the same
+# on a step's W pseudo-tokens, and dO, O live on the first one only, so W - 1 of every W rows of those products were
+# copies or zeros; M is stored per step, [B, T, H, C] instead of [B, T·W, H, C]. Where C / W >= 16 (a dot's smallest
 # side; W = 4 at C = 64, the default) and dq is summed in the kernel (DQ_SUM). Written 2026-12-05 (twenty-fourth
 # session) after the compiled small model's profile put _bwd_dqdx (1.20 ms), _bwd_state (0.78), _bwd_cc (0.65),
 # _fwd_out (0.28) and _bwd_dul (0.18) at 3.1 of Falcon-3's 4.7 ms per layer at (16, 2048, 6, 128)
-# (kernels_2026-12-05b/call1/model_op.log). Interpreter-tested; on CUDA only with FALCON_TRITON_UNPROVEN=1 until
-# proven on the H200.
-STEP_ROWS = env_choice("FALCON_TRITON_3_STEP_ROWS", "off", ("off", "on"),
-                       "Falcon-3 in place: the read-out, dU, M and dq terms on the chunk's steps or on every "
-                       "pseudo-token row (off proven)")
+# (kernels_2026-12-05b/call1/model_op.log). On the H200 the same day (7a32399, kernels_2026-12-05b/call2/): rows 1-28
+# of Falcon-3's check sweep pass with "on" (NaN-poisoned, bf16 and fp32, K = V = 16 / 64 / 128, T = 8192 with the
+# delta split, T = 1000, strong decay, the public op; every row that runs SROWS reads after; row 29, a packed row on
+# the host expansion that never runs it, was cut by the call's time cap), and in one process it takes Falcon-3 to
+# 0.916 / 0.959 / 0.942 / 0.939x the GPU time of "off" at (16, 2048, 12, 64), (1, 32768, 6, 128), (4, 8192, 12, 64),
+# (16, 2048, 6, 128) (the five kernels 2.42 -> 2.16 ms at the first) and its peak from 2172.1 / 2274.0 / 2172.0 /
+# 2250.1 to 2028.1 / 2202.0 / 2028.0 / 2178.1 MB, op_memory.py's prediction to the 0.1 MB.
+STEP_ROWS = env_choice("FALCON_TRITON_3_STEP_ROWS", "after", ("off", "after", "on"),
+                       "Falcon-3 in place: the read-out, dU, M and dq terms on the chunk's steps (read-after calls, "
+                       "or every call) or on every pseudo-token row (off and after proven)")
 
 
-def step_rows(gather: bool, C: int, group: int, device) -> bool:
-    """Whether a call's kernels run SROWS (STEP_ROWS): Falcon-3 in place, C // W >= 16, dq summed in the kernel."""
-    if not (gather and STEP_ROWS == "on" and C // group >= 16 and DQ_SUM == "kernel"):
+def step_rows(gather: bool, C: int, group: int, device, read_after: bool = True) -> bool:
+    """Whether a call's kernels run SROWS (STEP_ROWS): Falcon-3 in place, C // W >= 16, dq summed in the kernel, read
+    after the write unless STEP_ROWS = "on" (read before: on CUDA only with FALCON_TRITON_UNPROVEN=1)."""
+    if not (gather and STEP_ROWS != "off" and C // group >= 16 and DQ_SUM == "kernel"):
         return False
-    refuse_unproven(device, "FALCON_TRITON_3_STEP_ROWS=on", "off")
+    if not read_after:
+        if STEP_ROWS != "on":
+            return False
+        refuse_unproven(device, "FALCON_TRITON_3_STEP_ROWS=on with read='before'", "off or after")
     return True
 
 
@@ -1232,7 +1243,7 @@ def chunk_forward(q, x, v, eta, g, S0, *, delta, read_after, C, xoff=0, allow_tf
         O = _empty((B, q.shape[1], H, V), out_dtype or q.dtype, dev)
         _fwd_out[(cdiv(V, BVo), NT, B * H)](
             q, x, v, R, eta, g, HS, O, T, XT, xoff, NT, H, K, V, C, BK, BVo, delta, read_after, prec, group, gather,
-            *va, SROWS=step_rows(gather, C, group, dev), **st)
+            *va, SROWS=step_rows(gather, C, group, dev, read_after), **st)
     if GP:  # back to the call's shapes (HS keeps the pieces' chunks, piece-major, in the same buffer)
         T0 = T * GP
         return (O.view(Bo, Ts, H, V) if O is not None else None, STo,
@@ -1268,7 +1279,7 @@ def chunk_backward(q, x, v, eta, g, saved, dO, dST, *, delta, read_after, C, xof
     if GP and gather:
         XT = _ds.pair_rows(GP, x, Ts)
     f32 = torch.float32
-    srows = step_rows(gather, C, group, dev)
+    srows = step_rows(gather, C, group, dev, read_after)
     DU = None
     NP = split_pieces(NT, cdiv(V, BVs) * NKB * NS * H, not delta, cu_seqlens is None and group == 1)
     if NKB == 1 and not NP:  # DU's intra part first, its state part added by _bwd_state
