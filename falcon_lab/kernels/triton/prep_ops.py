@@ -36,8 +36,8 @@ def _forward(k, beta, lam, last_k, tail_x, seen, valid, seq, cu, cfg):
     """(x, eta, g, stat, vh) of one call (vh empty unless Falcon-3)."""
     cfg = _cfg(cfg)
     if cfg[5] == 1:
-        return (*w1_prep_forward(k, beta, lam, last_k, seen, valid, seq, cu, cfg[:5]), k.new_empty(0,
-                                                                                               dtype=torch.float32))
+        vh = k.new_empty(0, dtype=torch.float32)  # no eigenvectors at window 1
+        return (*w1_prep_forward(k, beta, lam, last_k, seen, valid, seq, cu, cfg[:5]), vh)
     return window_prep_forward(k, beta, lam, last_k, tail_x, seen, valid, cfg)
 
 

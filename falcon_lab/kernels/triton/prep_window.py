@@ -148,6 +148,23 @@ def _win_fwd(K_, BETA, LAM, LASTK, TAILX, VALID, SEEN, XW, ETA, G, STAT, VH, N, 
 
 
 @triton.jit
+def _gates_bwd_store(DETA, DG, DBETA, DLAM, QS, r, rmask, inv, stat, eta0, a, alpha, den, keep, lam_t, eps_gamma,
+                     NLMS: tl.constexpr, SCALED: tl.constexpr):
+    """The gates' chain rule of rows r (both gate backwards): dβ, dλ and q_t = dstat / max(B_t, 1) to DBETA, DLAM, QS."""
+    dbeta, dstat, dlam_t = _step_bwd(tl.load(DETA + r, mask=rmask, other=0.) * inv,
+                                     tl.load(DG + r, mask=rmask, other=0.), eta0, a, alpha, den, keep, lam_t,
+                                     eps_gamma, NLMS)
+    dlam_t += dstat  # den = stat + λ_t + eps
+    if SCALED:  # λ_t = lam · stat with stat held constant (prep.py's stat.detach())
+        dlam = dlam_t * stat
+    else:
+        dlam = dlam_t
+    tl.store(DBETA + r, dbeta.to(DBETA.dtype.element_ty), mask=rmask)
+    tl.store(DLAM + r, dlam.to(DLAM.dtype.element_ty), mask=rmask)
+    tl.store(QS + r, dstat * inv, mask=rmask)
+
+
+@triton.jit
 def _win_bwd_gates(K_, BETA, LAM, LASTK, TAILX, VALID, SEEN, DETA, DG, DBETA, DLAM, QS, N, T, eps, eps_gamma,
                    H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                    SHIFT: tl.constexpr, HAS_LASTK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_VALID: tl.constexpr,
@@ -156,17 +173,8 @@ def _win_bwd_gates(K_, BETA, LAM, LASTK, TAILX, VALID, SEEN, DETA, DG, DBETA, DL
     x, hp, stat, inv, lam_t, den, keep, eta0, a, alpha, _vh = _win_row(
         K_, LASTK, TAILX, VALID, SEEN, BETA, LAM, r, rmask, b, t, h, ck, kmask, T, eps, eps_gamma, H, K, W, SHIFT,
         HAS_LASTK, HAS_TAIL, HAS_VALID, NLMS, SCALED, EIG)
-    dbeta, dstat, dlam_t = _step_bwd(tl.load(DETA + r, mask=rmask, other=0.) * inv,
-                                     tl.load(DG + r, mask=rmask, other=0.), eta0, a, alpha, den, keep, lam_t,
-                                     eps_gamma, NLMS)
-    dlam_t += dstat  # den = Ē + λ_t + eps
-    if SCALED:  # λ_t = lam · Ē with Ē held constant (prep.py's stat.detach())
-        dlam = dlam_t * stat
-    else:
-        dlam = dlam_t
-    tl.store(DBETA + r, dbeta.to(DBETA.dtype.element_ty), mask=rmask)
-    tl.store(DLAM + r, dlam.to(DLAM.dtype.element_ty), mask=rmask)
-    tl.store(QS + r, dstat * inv, mask=rmask)
+    _gates_bwd_store(DETA, DG, DBETA, DLAM, QS, r, rmask, inv, stat, eta0, a, alpha, den, keep, lam_t, eps_gamma,
+                     NLMS, SCALED)
 
 
 @triton.jit
@@ -190,17 +198,8 @@ def _win_bwd_gates_stat(STAT, BETA, LAM, VALID, SEEN, DETA, DG, DBETA, DLAM, QS,
     den = stat + lam_t + eps
     beta = tl.load(BETA + r, mask=rmask, other=0.).to(tl.float32)
     eta0, a, alpha = _step(beta, den, keep, lam_t, eps_gamma, NLMS)
-    dbeta, dstat, dlam_t = _step_bwd(tl.load(DETA + r, mask=rmask, other=0.) * inv,
-                                     tl.load(DG + r, mask=rmask, other=0.), eta0, a, alpha, den, keep, lam_t,
-                                     eps_gamma, NLMS)
-    dlam_t += dstat  # den = stat + λ_t + eps
-    if SCALED:  # λ_t = lam · stat with stat held constant (prep.py's stat.detach())
-        dlam = dlam_t * stat
-    else:
-        dlam = dlam_t
-    tl.store(DBETA + r, dbeta.to(DBETA.dtype.element_ty), mask=rmask)
-    tl.store(DLAM + r, dlam.to(DLAM.dtype.element_ty), mask=rmask)
-    tl.store(QS + r, dstat * inv, mask=rmask)
+    _gates_bwd_store(DETA, DG, DBETA, DLAM, QS, r, rmask, inv, stat, eta0, a, alpha, den, keep, lam_t, eps_gamma,
+                     NLMS, SCALED)
 
 
 @triton.jit
